@@ -1,0 +1,30 @@
+"""dcp_a2a: the packed all-to-all combine for Decode Context Parallel attention.
+
+Public contract (names, signatures and keyword names are stable):
+    lse_pack_dim(dtype) -> int
+    pack_send(out, lse, send, world_size, h_per_rank, head_dim, lse_pack_dim,
+              seq_lens=None, query_start_loc=None) -> None
+    unpack_combine(recv, head_dim, lse_pack_dim, return_lse, is_lse_base_on_e)
+    lse_reduce(out, lse, group, *, return_lse=False, is_lse_base_on_e=True, seq_lens=None,
+               query_start_loc=None, backend="packed")
+    Group(world_size, rank_in_group, device_group); Group.from_process_group(pg)
+"""
+
+from . import _env  # noqa: F401  (must run before any Triton kernel is defined)
+from .buffers import StagingBuffers
+from .collective import BACKENDS, Group, lse_reduce, lse_reduce_steps
+from .combine import unpack_combine
+from .pack import pack_send
+from .wire import lse_pack_dim
+
+__all__ = [
+    "BACKENDS",
+    "Group",
+    "StagingBuffers",
+    "lse_pack_dim",
+    "lse_reduce",
+    "lse_reduce_steps",
+    "pack_send",
+    "unpack_combine",
+]
+__version__ = "0.1.0"

@@ -1,0 +1,192 @@
+"""``lse_reduce``: merge DCP attention partials across the group, three ways.
+
+Each backend is written once as a generator of *steps*: it does its local work, yields the
+collective it needs (``("all_to_all", send)``, ``("all_to_all_pair", (a, b))``,
+``("all_gather", t)``, ``("reduce_scatter", t)``), receives the result and carries on. The same
+generator is driven either by ``torch.distributed`` (:func:`lse_reduce`) or by an in-process
+exchange of N generators (:mod:`dcp_a2a.inprocess`), so the local work tested in one process is
+exactly the work done on real ranks.
+
+Backends
+  packed          pack out+LSE into one buffer, one ``all_to_all_single``, unpack-combine
+  two_collective  output and LSE in two ``all_to_all_single`` calls issued async and waited
+                  together, then the same combine kernel (bitwise equal to packed)
+  ag_rs           all-gather the LSEs, weight the local output by exp(s_local - g),
+                  reduce-scatter along heads (the sum runs in the output dtype)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Generator
+
+import torch
+
+from .buffers import StagingBuffers, default_buffers
+from .combine import combine_separate, scale_for_reduce_scatter, unpack_combine
+from .pack import lse_to_wire, pack_send
+from .wire import (
+    check_head_split,
+    check_output_and_lse,
+    check_seq_meta,
+    lse_pack_dim,
+    require_int,
+)
+
+BACKENDS = ("packed", "two_collective", "ag_rs")
+
+Step = tuple[str, Any]
+
+
+@dataclass(frozen=True)
+class Group:
+    """The DCP group as ``lse_reduce`` sees it. Engines may pass any object with these three
+    attributes (their own group coordinator)."""
+
+    world_size: int
+    rank_in_group: int
+    device_group: Any  # a torch.distributed ProcessGroup (None is allowed for world_size 1)
+
+    @classmethod
+    def from_process_group(cls, pg=None) -> "Group":
+        import torch.distributed as dist
+
+        pg = pg if pg is not None else dist.group.WORLD
+        return cls(dist.get_world_size(pg), dist.get_rank(pg), pg)
+
+
+def _check_group(group) -> tuple[int, int]:
+    for attr in ("world_size", "rank_in_group", "device_group"):
+        if not hasattr(group, attr):
+            raise TypeError(
+                f"group must have world_size, rank_in_group and device_group; "
+                f"{type(group).__name__} has no {attr}"
+            )
+    n = require_int("group.world_size", group.world_size, 1)
+    r = require_int("group.rank_in_group", group.rank_in_group, 0)
+    if r >= n:
+        raise ValueError(f"group.rank_in_group={r} is not below world_size={n}")
+    return n, r
+
+
+def lse_reduce_steps(out, lse, world_size: int, rank: int, *, return_lse=False,
+                     is_lse_base_on_e=True, seq_lens=None, query_start_loc=None,
+                     backend="packed", buffers: StagingBuffers | None = None
+                     ) -> Generator[Step, Any, Any]:
+    """The backend as a generator of collective steps; returns what ``lse_reduce`` returns.
+
+    All argument checks run before the first step is yielded, so bad input raises on every rank
+    before any rank enters a collective (no hung collective on a ValueError).
+    """
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}: expected one of {', '.join(BACKENDS)}")
+    for name, v in (("return_lse", return_lse), ("is_lse_base_on_e", is_lse_base_on_e)):
+        if not isinstance(v, bool):
+            raise TypeError(f"{name} must be a bool, got {type(v).__name__}")
+    B, H, D = check_output_and_lse(out, lse)
+    hpr = check_head_split(H, world_size)
+    check_seq_meta(seq_lens, query_start_loc, B, out.device)
+    buffers = buffers if buffers is not None else default_buffers()
+    return (yield from _BACKEND_STEPS[backend](
+        out, lse, world_size, rank, B, H, D, hpr, return_lse, is_lse_base_on_e,
+        seq_lens, query_start_loc, buffers))
+
+
+def _packed(out, lse, N, rank, B, H, D, hpr, return_lse, base_e, seq_lens, qsl, buffers):
+    p = lse_pack_dim(out.dtype)
+    send, recv = buffers.wire_pair((N, B, hpr, D + p), out.dtype, out.device)
+    pack_send(out, lse, send, N, hpr, D, p, seq_lens=seq_lens, query_start_loc=qsl)
+    recv = yield ("all_to_all", (send, recv))
+    return unpack_combine(recv, D, p, return_lse, base_e)
+
+
+def _two_collective(out, lse, N, rank, B, H, D, hpr, return_lse, base_e, seq_lens, qsl,
+                    buffers):
+    data_send, data_recv = buffers.wire_pair((N, B, hpr, D), out.dtype, out.device, tag="data")
+    lse_send, lse_recv = buffers.wire_pair((N, B, hpr), torch.float32, out.device, tag="lse")
+    data_send.copy_(out.unflatten(1, (N, hpr)).transpose(0, 1))
+    lse_to_wire(lse, lse_send, N, seq_lens, qsl)
+    data_recv, lse_recv = yield ("all_to_all_pair", ((data_send, data_recv), (lse_send, lse_recv)))
+    return combine_separate(data_recv, lse_recv, return_lse, base_e)
+
+
+def _ag_rs(out, lse, N, rank, B, H, D, hpr, return_lse, base_e, seq_lens, qsl, buffers):
+    lse_local = torch.empty((B, H), dtype=torch.float32, device=out.device)
+    lse_to_wire(lse, lse_local, N, seq_lens, qsl)
+    lse_all = torch.empty((N, B, H), dtype=torch.float32, device=out.device)
+    lse_all = yield ("all_gather", (lse_local, lse_all))
+    scaled, lse_out = scale_for_reduce_scatter(out, lse_all, rank, return_lse, base_e)
+    merged = torch.empty((B, hpr, D), dtype=out.dtype, device=out.device)
+    merged = yield ("reduce_scatter", (scaled, merged))
+    return (merged, lse_out) if return_lse else merged
+
+
+_BACKEND_STEPS = {"packed": _packed, "two_collective": _two_collective, "ag_rs": _ag_rs}
+
+
+# --------------------------------------------------------------------------- real collectives
+def _dist_step(kind: str, payload, pg, world_size: int):
+    import torch.distributed as dist
+
+    if world_size == 1:  # pass-through: nothing to exchange
+        return _local_step(kind, payload)
+    if kind == "all_to_all":
+        send, recv = payload
+        dist.all_to_all_single(recv, send, group=pg)
+        return recv
+    if kind == "all_to_all_pair":
+        works = [dist.all_to_all_single(r, s, group=pg, async_op=True) for s, r in payload]
+        for w in works:
+            w.wait()
+        return tuple(r for _, r in payload)
+    if kind == "all_gather":
+        local, gathered = payload
+        dist.all_gather_into_tensor(gathered.view(-1), local.contiguous().view(-1), group=pg)
+        return gathered
+    if kind == "reduce_scatter":
+        scaled, merged = payload
+        dist.reduce_scatter_tensor(merged.view(-1), scaled.view(-1), group=pg)
+        return merged
+    raise AssertionError(f"unknown step {kind}")
+
+
+def _local_step(kind: str, payload):
+    """The exchange of a group of one: every collective is the identity."""
+    if kind == "all_to_all":
+        return payload[0]
+    if kind == "all_to_all_pair":
+        return tuple(s for s, _ in payload)
+    if kind == "all_gather":
+        local, gathered = payload
+        gathered[0].copy_(local)
+        return gathered
+    if kind == "reduce_scatter":
+        return payload[0][0]
+    raise AssertionError(f"unknown step {kind}")
+
+
+def drive(steps: Generator[Step, Any, Any], step_fn) -> Any:
+    """Run a step generator to completion, answering each yielded step with ``step_fn``."""
+    try:
+        req = next(steps)
+        while True:
+            req = steps.send(step_fn(*req))
+    except StopIteration as done:
+        return done.value
+
+
+def lse_reduce(out, lse, group, *, return_lse=False, is_lse_base_on_e=True, seq_lens=None,
+               query_start_loc=None, backend="packed", buffers: StagingBuffers | None = None):
+    """Merge this rank's DCP attention partial with its peers'.
+
+    ``out[B, H, D]`` (fp16/bf16/fp32, any strides) and ``lse[B, H]`` (fp32/bf16/fp16) are this
+    rank's partial over its KV shard. Returns ``out[B, H/N, D]`` for heads
+    [r*H/N, (r+1)*H/N) in out's dtype, and ``(out, lse[B, H/N] float32)`` when ``return_lse``.
+    ``group`` is any object with ``world_size``, ``rank_in_group`` and ``device_group``.
+    """
+    n, r = _check_group(group)
+    steps = lse_reduce_steps(out, lse, n, r, return_lse=return_lse,
+                             is_lse_base_on_e=is_lse_base_on_e, seq_lens=seq_lens,
+                             query_start_loc=query_start_loc, backend=backend, buffers=buffers)
+    pg = group.device_group
+    return drive(steps, lambda kind, payload: _dist_step(kind, payload, pg, n))

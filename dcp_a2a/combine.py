@@ -1,0 +1,191 @@
+"""Combine kernels: merge the N received attention states of this rank's heads.
+
+``unpack_combine`` reads the packed wire buffer ``recv[N, B, H/N, D+P]``; ``combine_separate``
+reads the two-collective layout (``data[N, B, H/N, D]`` + fp32 ``lse[N, B, H/N]``). Both launch
+the same kernel, which differs only in where it loads the LSE from, so their results are
+bitwise identical. ``scale_for_reduce_scatter`` is the AG+RS path's local step: it weights this
+rank's partial by exp(s_local - g) through the same ``merge_weights``.
+"""
+
+from __future__ import annotations
+
+from . import _env  # noqa: F401
+
+import torch
+import triton
+import triton.language as tl
+
+from ._launch import bits, next_pow2, require_runnable_device
+from .merge_math import load_f32, merge_weights, store_from_f32, weighted_term
+from .wire import check_wire_buffer, lse_pack_dim as _lse_pack_dim, require_int
+
+
+@triton.jit
+def _load_lse_tile(data_bits_ptr, lse_ptr, b, h, n, m,
+                   s_dn, s_db, s_dh, s_ln, s_lb, s_lh, D,
+                   LSE_LANES: tl.constexpr):
+    """[BLOCK_N, BLOCK_H] fp32 LSEs; -inf where masked."""
+    if LSE_LANES == 0:
+        lse = tl.load(lse_ptr + n[:, None] * s_ln + b * s_lb + h[None, :] * s_lh,
+                      mask=m, other=float("-inf"))
+    else:
+        lane = data_bits_ptr + n[:, None] * s_dn + b * s_db + h[None, :] * s_dh + D
+        if LSE_LANES == 1:
+            lse_bits = tl.load(lane, mask=m, other=0)
+        else:
+            lo = tl.load(lane, mask=m, other=0).to(tl.int32) & 0xFFFF
+            hi = tl.load(lane + 1, mask=m, other=0).to(tl.int32)
+            lse_bits = (hi << 16) | lo
+        lse = tl.where(m, lse_bits.to(tl.float32, bitcast=True), float("-inf"))
+    return lse
+
+
+@triton.jit
+def _combine_kernel(
+    data_ptr, data_bits_ptr, lse_ptr, out_ptr, out_bits_ptr, lse_out_ptr,
+    N, B, HPR, D,
+    s_dn, s_db, s_dh, s_dd, s_ln, s_lb, s_lh,
+    LSE_LANES: tl.constexpr, BASE_E: tl.constexpr, RETURN_LSE: tl.constexpr,
+    IS_BF16: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    b = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1).to(tl.int64) * BLOCK_H + tl.arange(0, BLOCK_H)
+    n = tl.arange(0, BLOCK_N)
+    h_ok = h < HPR
+    m = (n < N)[:, None] & h_ok[None, :]
+    lse = _load_lse_tile(data_bits_ptr, lse_ptr, b, h, n, m,
+                         s_dn, s_db, s_dh, s_ln, s_lb, s_lh, D, LSE_LANES)
+    scale, g = merge_weights(lse, BASE_E)
+
+    out_row = (b * HPR + h) * D
+    for d0 in range(0, D, BLOCK_D):
+        d = d0 + tl.arange(0, BLOCK_D)
+        md = h_ok[:, None] & (d < D)[None, :]
+        acc = tl.zeros((BLOCK_H, BLOCK_D), dtype=tl.float32)
+        for r in range(0, N):
+            # this rank's column of the weight tile (a sum of one value and zeros: exact)
+            sc = tl.sum(tl.where((n == r)[:, None], scale, 0.0), axis=0)
+            offs = r * s_dn + b * s_db + h[:, None] * s_dh + d[None, :] * s_dd
+            x = load_f32(data_ptr, data_bits_ptr, offs, md, IS_BF16)
+            acc += weighted_term(sc[:, None], x)
+        store_from_f32(out_ptr, out_bits_ptr, out_row[:, None] + d[None, :], acc, md, IS_BF16)
+    if RETURN_LSE:
+        tl.store(lse_out_ptr + b * HPR + h, g, mask=h_ok)
+
+
+@triton.jit
+def _scale_kernel(
+    out_ptr, out_bits_ptr, lse_all_ptr, dst_ptr, dst_bits_ptr, lse_out_ptr,
+    N, B, H, HPR, D, rank,
+    s_ob, s_oh, s_od,
+    BASE_E: tl.constexpr, RETURN_LSE: tl.constexpr, IS_BF16: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    """AG+RS local step: dst[h // HPR, b, h % HPR, :] = exp(s_rank - g) * out[b, h, :]."""
+    b = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1).to(tl.int64) * BLOCK_H + tl.arange(0, BLOCK_H)
+    n = tl.arange(0, BLOCK_N)
+    h_ok = h < H
+    m = (n < N)[:, None] & h_ok[None, :]
+    lse = tl.load(lse_all_ptr + (n[:, None] * B + b) * H + h[None, :], mask=m,
+                  other=float("-inf"))
+    scale, g = merge_weights(lse, BASE_E)
+    sc = tl.sum(tl.where((n == rank)[:, None], scale, 0.0), axis=0)
+    dst_row = ((h // HPR) * B + b) * HPR + h % HPR
+    for d0 in range(0, D, BLOCK_D):
+        d = d0 + tl.arange(0, BLOCK_D)
+        md = h_ok[:, None] & (d < D)[None, :]
+        x = load_f32(out_ptr, out_bits_ptr, b * s_ob + h[:, None] * s_oh + d[None, :] * s_od,
+                     md, IS_BF16)
+        y = weighted_term(sc[:, None], x)
+        store_from_f32(dst_ptr, dst_bits_ptr, dst_row[:, None] * D + d[None, :], y, md, IS_BF16)
+    if RETURN_LSE:
+        mine = h_ok & (h // HPR == rank)
+        tl.store(lse_out_ptr + b * HPR + h % HPR, g, mask=mine)
+
+
+def _blocks(n_ranks: int, heads: int, head_dim: int) -> tuple[int, int, int]:
+    block_d = min(next_pow2(head_dim), 512)
+    block_h = max(1, min(next_pow2(heads), 4096 // block_d))
+    return next_pow2(n_ranks), block_h, block_d
+
+
+def _launch_combine(data, data_bits, lse, N, B, hpr, D, lse_lanes, return_lse, base_e):
+    out = torch.empty((B, hpr, D), dtype=data.dtype, device=data.device)
+    lse_out = torch.empty((B, hpr), dtype=torch.float32, device=data.device)
+    if B > 0 and hpr > 0:
+        require_runnable_device(data)
+        block_n, block_h, block_d = _blocks(N, hpr, D)
+        lse_strides = lse.stride() if lse is not None else (0, 0, 0)
+        _combine_kernel[(B, triton.cdiv(hpr, block_h))](
+            data, data_bits, lse if lse is not None else lse_out, out, bits(out), lse_out,
+            N, B, hpr, D,
+            data.stride(0), data.stride(1), data.stride(2), data.stride(3), *lse_strides,
+            LSE_LANES=lse_lanes, BASE_E=bool(base_e), RETURN_LSE=bool(return_lse),
+            IS_BF16=data.dtype == torch.bfloat16,
+            BLOCK_N=block_n, BLOCK_H=block_h, BLOCK_D=block_d,
+        )
+    return (out, lse_out) if return_lse else out
+
+
+def _require_bool(name, v):
+    if not isinstance(v, bool):
+        raise TypeError(f"{name} must be a bool, got {type(v).__name__}")
+
+
+def unpack_combine(recv, head_dim, lse_pack_dim, return_lse, is_lse_base_on_e):
+    """Merge the received wire buffer ``recv[N, B, H/N, D+P]`` (see :mod:`dcp_a2a.wire`).
+
+    Returns ``out[B, H/N, D]`` in recv's dtype, and ``(out, lse[B, H/N] float32)`` when
+    ``return_lse``. ``is_lse_base_on_e=False`` merges with exp2/log2 and returns a base-2 LSE.
+    """
+    require_int("head_dim", head_dim, 1)
+    _require_bool("return_lse", return_lse)
+    _require_bool("is_lse_base_on_e", is_lse_base_on_e)
+    N, B, hpr = check_wire_buffer("recv", recv, head_dim=head_dim, lse_pack_dim_=lse_pack_dim)
+    if N < 1:
+        raise ValueError("recv must hold at least one peer slice (N >= 1)")
+    data = recv[..., :head_dim]
+    return _launch_combine(data, bits(recv), None, N, B, hpr, head_dim,
+                           lse_pack_dim, return_lse, is_lse_base_on_e)
+
+
+def combine_separate(data, lse, return_lse, is_lse_base_on_e):
+    """Merge ``data[N, B, H/N, D]`` with fp32 ``lse[N, B, H/N]`` (two-collective layout).
+
+    Same kernel and arithmetic as :func:`unpack_combine`; only the LSE's location differs.
+    """
+    _lse_pack_dim(data.dtype)
+    if lse.dtype != torch.float32 or tuple(lse.shape) != tuple(data.shape[:3]):
+        raise ValueError(
+            f"lse must be float32 of shape {tuple(data.shape[:3])}, got {lse.dtype} "
+            f"{tuple(lse.shape)}"
+        )
+    N, B, hpr, D = data.shape
+    return _launch_combine(data, bits(data), lse, N, B, hpr, D, 0, return_lse, is_lse_base_on_e)
+
+
+def scale_for_reduce_scatter(out, lse_all, rank, return_lse, is_lse_base_on_e):
+    """AG+RS local step. ``out[B, H, D]``, ``lse_all[N, B, H]`` fp32 (already masked).
+
+    Returns ``dst[N, B, H/N, D]`` in out's dtype (slice r goes to rank r, summed there) and this
+    rank's merged LSE ``[B, H/N]`` fp32.
+    """
+    N, B, H = lse_all.shape
+    D = out.shape[2]
+    hpr = H // N
+    dst = torch.empty((N, B, hpr, D), dtype=out.dtype, device=out.device)
+    lse_out = torch.empty((B, hpr), dtype=torch.float32, device=out.device)
+    if B > 0 and H > 0:
+        require_runnable_device(out)
+        block_n, block_h, block_d = _blocks(N, H, D)
+        _scale_kernel[(B, triton.cdiv(H, block_h))](
+            out, bits(out), lse_all.contiguous(), dst, bits(dst), lse_out,
+            N, B, H, hpr, D, rank,
+            out.stride(0), out.stride(1), out.stride(2),
+            BASE_E=bool(is_lse_base_on_e), RETURN_LSE=bool(return_lse),
+            IS_BF16=out.dtype == torch.bfloat16,
+            BLOCK_N=block_n, BLOCK_H=block_h, BLOCK_D=block_d,
+        )
+    return dst, lse_out

@@ -1,0 +1,148 @@
+"""One comparison helper: an implementation's merge against the float64 oracle.
+
+Errors are reported per element in ulps of the output dtype and as a ratio to the derived bound
+(tolerances.yaml). ``ratio <= 1`` passes; the headroom is ``1 / ratio``. A NaN where the oracle is
+finite, or a mismatched infinity, counts as an infinite ratio.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from . import tolerances as tol
+
+
+@dataclass
+class QuantityReport:
+    quantity: str            # "output" or "lse"
+    elements: int
+    max_abs_err: float
+    max_ulp_err: float       # in ulps of the output dtype at the oracle value (output only)
+    worst_ratio: float       # max over elements of err / bound
+    failures: int            # elements with err > bound
+    worst_index: tuple = ()
+    worst_actual: float = math.nan
+    worst_expected: float = math.nan
+    upstream_ok: bool = True  # would the upstream atol=rtol check have passed?
+
+    @property
+    def ok(self) -> bool:
+        return self.failures == 0
+
+
+@dataclass
+class MergeReport:
+    dtype: str
+    world_size: int
+    base: str
+    kind: str
+    output: QuantityReport
+    lse: QuantityReport | None = None
+    ulp_errors: list = field(default_factory=list, repr=False)
+
+    @property
+    def ok(self) -> bool:
+        return self.output.ok and (self.lse is None or self.lse.ok)
+
+    @property
+    def worst_ratio(self) -> float:
+        return max(self.output.worst_ratio, self.lse.worst_ratio if self.lse else 0.0)
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d.pop("ulp_errors", None)
+        d["ok"] = self.ok
+        d["worst_ratio"] = self.worst_ratio
+        return d
+
+    def describe(self) -> str:
+        lines = [f"merge check ({self.kind}, {self.dtype}, N={self.world_size}, base {self.base})"]
+        for q in (self.output, self.lse):
+            if q is None:
+                continue
+            status = "ok" if q.ok else f"{q.failures} of {q.elements} elements over the bound"
+            lines.append(
+                f"  {q.quantity}: {status}; max |err| {q.max_abs_err:.3e}"
+                + (f" = {q.max_ulp_err:.3g} ulp" if q.quantity == "output" else "")
+                + f"; worst err/bound {q.worst_ratio:.3g} at {q.worst_index}: got "
+                f"{q.worst_actual!r}, expected {q.worst_expected!r}"
+            )
+        return "\n".join(lines)
+
+
+def _errors(actual: torch.Tensor, expected: torch.Tensor):
+    a = actual.detach().to(torch.float64).cpu()
+    e = expected.detach().to(torch.float64).cpu()
+    same = (a == e) | (torch.isnan(a) & torch.isnan(e))
+    err = torch.where(same, torch.zeros_like(a), (a - e).abs())
+    err = torch.where(torch.isnan(err), torch.full_like(err, math.inf), err)
+    return a, e, err
+
+
+def _quantity(name, a, e, err, bound, ulps, upstream_tol) -> QuantityReport:
+    ratio = torch.where(err == 0, torch.zeros_like(err), err / bound)
+    n = err.numel()
+    if n == 0:
+        return QuantityReport(name, 0, 0.0, 0.0, 0.0, 0)
+    flat = int(torch.argmax(torch.nan_to_num(ratio, nan=math.inf, posinf=math.inf)))
+    idx = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), err.shape))
+    finite = torch.isfinite(e) & torch.isfinite(a)
+    up_ok = bool(((a - e).abs() <= upstream_tol * (1 + e.abs()))[finite].all()) and bool(
+        (torch.isfinite(a) == torch.isfinite(e)).all())
+    return QuantityReport(
+        quantity=name, elements=n, max_abs_err=float(err.max()),
+        max_ulp_err=float(ulps.max()) if ulps is not None else math.nan,
+        worst_ratio=float(ratio.flatten()[flat]), failures=int((ratio > 1).sum()),
+        worst_index=idx, worst_actual=float(a.flatten()[flat]),
+        worst_expected=float(e.flatten()[flat]), upstream_ok=up_ok,
+    )
+
+
+def check_merge(actual_out: torch.Tensor, actual_lse: torch.Tensor | None,
+                outputs: torch.Tensor, lses: torch.Tensor, *, is_lse_base_on_e: bool = True,
+                kind: str = "a2a", heads: slice | None = None,
+                keep_ulp_errors: bool = False) -> MergeReport:
+    """Compare a merged result with the float64 oracle over ``outputs[N, B, H, D]``,
+    ``lses[N, B, H]`` (the partials every rank held). ``heads`` selects the oracle's head range
+    when ``actual_out`` is one rank's [B, H/N, D] slice.
+    """
+    from reference import combine_magnitude, lse_weighted_combine
+
+    dtype = actual_out.dtype
+    n = outputs.shape[0]
+    if heads is not None:
+        outputs, lses = outputs[:, :, heads], lses[:, :, heads]
+    ref, ref_lse = lse_weighted_combine(outputs, lses, return_lse=True,
+                                        is_lse_base_on_e=is_lse_base_on_e)
+    mag, shift_mag = combine_magnitude(outputs, lses, is_lse_base_on_e)
+    if tuple(actual_out.shape) != tuple(ref.shape):
+        raise AssertionError(f"output shape {tuple(actual_out.shape)} != {tuple(ref.shape)}")
+    a, e, err = _errors(actual_out, ref)
+    bound = tol.output_bound(e, mag, shift_mag, dtype, n, kind)
+    ulps = err / tol.ulp(e, dtype)
+    up = tol.upstream(dtype)
+    out_q = _quantity("output", a, e, err, bound, ulps, up["output"])
+    lse_q = None
+    if actual_lse is not None:
+        if tuple(actual_lse.shape) != tuple(ref_lse.shape):
+            raise AssertionError(f"lse shape {tuple(actual_lse.shape)} != {tuple(ref_lse.shape)}")
+        if actual_lse.dtype != torch.float32:
+            raise AssertionError(f"returned lse must be float32, got {actual_lse.dtype}")
+        la, le, lerr = _errors(actual_lse, ref_lse)
+        lb = tol.lse_bound(le, dtype, n, is_lse_base_on_e)
+        lse_q = _quantity("lse", la, le, lerr, lb, None, up["lse"])
+    rep = MergeReport(tol.dtype_name(dtype), n, "e" if is_lse_base_on_e else "2", kind,
+                      out_q, lse_q)
+    if keep_ulp_errors:
+        rep.ulp_errors = ulps[torch.isfinite(ulps)].flatten().tolist()
+    return rep
+
+
+def assert_merge_close(actual_out, actual_lse, outputs, lses, **kwargs) -> MergeReport:
+    rep = check_merge(actual_out, actual_lse, outputs, lses, **kwargs)
+    if not rep.ok:
+        raise AssertionError(rep.describe())
+    return rep

@@ -1,0 +1,108 @@
+"""Device-side math shared by every kernel: the row mask and the LSE merge.
+
+The merge of N attention states (o_n, s_n) is the LSE-weighted average
+
+    g   = log  sum_n exp(s_n)              (log2 / exp2 when the LSE is base 2)
+    o   = sum_n exp(s_n - g) * o_n
+
+with the identity element s = -inf (weight 0). NaN and +inf LSEs are treated as -inf, and a
+rank whose weight is 0 contributes exactly nothing, even when its o_n is NaN or inf. A row where
+every rank is -inf merges to o = 0, g = -inf.
+
+Every backend (packed, two_collective, ag_rs) computes its weights through ``merge_weights``;
+that single routine is why packed and two_collective agree bit for bit.
+"""
+
+from __future__ import annotations
+
+from . import _env  # noqa: F401  (sets TRITON_INTERPRET before the kernels are defined)
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def row_is_empty(b, seq_lens_ptr, qsl_ptr, num_seqs, search_steps):
+    """True when token row ``b`` has no local KV: its request's seq_len is 0, or the row is
+    padding (at or beyond query_start_loc[-1], or before query_start_loc[0]).
+
+    The request of row b is the last s with query_start_loc[s] <= b, found by a binary search of
+    ``search_steps = ceil(log2(num_seqs))`` steps (requests with no query rows are skipped by it).
+    """
+    first = tl.load(qsl_ptr)
+    total = tl.load(qsl_ptr + num_seqs)
+    lo = b * 0
+    hi = lo + num_seqs - 1
+    for _ in range(search_steps):
+        mid = (lo + hi + 1) // 2
+        go = tl.load(qsl_ptr + mid) <= b
+        lo = tl.where(go, mid, lo)
+        hi = tl.where(go, hi, mid - 1)
+    seq_len = tl.load(seq_lens_ptr + lo, mask=num_seqs > 0, other=0)
+    return (b >= total) | (b < first) | (seq_len <= 0)
+
+
+@triton.jit
+def merge_weights(lse, BASE_E: tl.constexpr):
+    """Normalised merge weights and merged LSE for a [BLOCK_N, BLOCK_H] fp32 tile of LSEs.
+
+    Masked-out entries must be loaded as -inf. Returns (scale[BLOCK_N, BLOCK_H], g[BLOCK_H]):
+    scale_n = exp(s_n - g), exactly 0 where the weight underflows or s_n is -inf/NaN/+inf.
+    """
+    lse = tl.where((lse != lse) | (lse == float("inf")), float("-inf"), lse)
+    m = tl.max(lse, axis=0)
+    # Shift by the row max so the largest weight is exactly 1 and nothing overflows; an
+    # all -inf row shifts by 0 so that exp gives 0 rather than exp(-inf - -inf) = NaN.
+    m_safe = tl.where(m == float("-inf"), 0.0, m)
+    if BASE_E:
+        w = tl.exp(lse - m_safe[None, :])
+    else:
+        w = tl.exp2(lse - m_safe[None, :])
+    s = tl.sum(w, axis=0)
+    s_safe = tl.where(s > 0, s, 1.0)
+    scale = tl.where(w > 0, w / s_safe[None, :], 0.0)
+    if BASE_E:
+        g = m + tl.log(s_safe)
+    else:
+        g = m + tl.log2(s_safe)
+    return scale, g
+
+
+@triton.jit
+def weighted_term(scale_n, x):
+    """scale_n * x with the identity guaranteed: a zero weight never lets a NaN/inf x in."""
+    return tl.where(scale_n > 0, scale_n * x, 0.0)
+
+
+# bfloat16 conversions through integer bits. The compiled path would round correctly with a
+# plain ``.to(tl.bfloat16)``, but Triton's CPU interpreter truncates fp32 -> bf16; doing the
+# round-to-nearest-even by hand gives the same bits in both, which is what the CPU tier tests.
+@triton.jit
+def bf16_bits_to_f32(h):
+    return (h.to(tl.int32) << 16).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def f32_to_bf16_bits(x):
+    b = x.to(tl.int32, bitcast=True)
+    r = (b + 0x7FFF + ((b >> 16) & 1)) >> 16  # round to nearest, ties to even (carry ok)
+    r = tl.where(x != x, 0x7FC0, r)  # any NaN -> the quiet NaN
+    return (r & 0xFFFF).to(tl.int16)
+
+
+@triton.jit
+def load_f32(ptr, bits_ptr, offs, mask, IS_BF16: tl.constexpr):
+    """Load float16/bfloat16/float32 values as fp32 (bf16 through its bits)."""
+    if IS_BF16:
+        return bf16_bits_to_f32(tl.load(bits_ptr + offs, mask=mask, other=0))
+    else:
+        return tl.load(ptr + offs, mask=mask, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def store_from_f32(ptr, bits_ptr, offs, y, mask, IS_BF16: tl.constexpr):
+    """Round fp32 ``y`` to the element type of ``ptr`` (nearest-even) and store it."""
+    if IS_BF16:
+        tl.store(bits_ptr + offs, f32_to_bf16_bits(y), mask=mask)
+    else:
+        tl.store(ptr + offs, y.to(ptr.dtype.element_ty), mask=mask)

@@ -1,0 +1,86 @@
+"""Per-element error bounds read from ``tolerances.yaml`` (see that file for the derivation).
+
+``output_bound`` and ``lse_bound`` turn the float64 oracle's quantities into the largest error
+an implementation may make on each element; :mod:`dcp_a2a.compare` reports errors against them.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from pathlib import Path
+
+import torch
+import yaml
+
+_DTYPE_NAMES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32"}
+# (explicit mantissa bits, smallest normal exponent) of each output dtype
+_FORMAT = {torch.float16: (10, -14), torch.bfloat16: (7, -126), torch.float32: (23, -126)}
+
+
+def tolerances_path() -> Path:
+    env = os.environ.get("DCP_A2A_TOLERANCES")
+    return Path(env) if env else Path(__file__).resolve().parent.parent / "tolerances.yaml"
+
+
+@functools.lru_cache(maxsize=None)
+def load(path: str | None = None) -> dict:
+    p = Path(path) if path else tolerances_path()
+    if not p.is_file():
+        raise FileNotFoundError(f"tolerances file not found: {p} (set DCP_A2A_TOLERANCES)")
+    with open(p) as f:
+        return yaml.safe_load(f)
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    try:
+        return _DTYPE_NAMES[dtype]
+    except KeyError:
+        raise ValueError(f"no tolerance for dtype {dtype}") from None
+
+
+def ulp(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Spacing of ``dtype`` at |x| (float64 in, float64 out); the subnormal spacing below the
+    normal range, +inf for non-finite x."""
+    mant, emin = _FORMAT[dtype]
+    a = x.to(torch.float64).abs()
+    _, e = torch.frexp(a)  # a = f * 2^e, f in [0.5, 1)
+    exp = torch.clamp(e.to(torch.float64) - 1.0, min=float(emin))
+    sp = torch.exp2(exp - mant)
+    return torch.where(torch.isfinite(a), sp, torch.full_like(a, float("inf")))
+
+
+def output_bound(ref: torch.Tensor, magnitude: torch.Tensor, shift_magnitude: torch.Tensor,
+                 dtype: torch.dtype, world_size: int, kind: str = "a2a") -> torch.Tensor:
+    """Per-element bound on |y - y*| (float64) for output dtype ``dtype``.
+
+    ``magnitude`` = sum_n w_n|o_n|, ``shift_magnitude`` = sum_n w_n|o_n||x_n| (from
+    ``reference.combine_magnitude``); ``kind`` is "a2a" or "ag_rs".
+    """
+    t = load()
+    c = t["a2a"][dtype_name(dtype)]["output"]
+    u = t["fp32_unit_roundoff"]
+    e = u * (c["shift_coeff"] * shift_magnitude
+             + (c["rank_coeff"] * world_size + c["constant"]) * magnitude)
+    bound = c["rounding_ulps"] * ulp(ref.abs() + e, dtype) + e + c["ftz_floor"]
+    if kind == "ag_rs":
+        k = t["ag_rs"]["sum_rounding_ulps_per_rank"]
+        bound = bound + k * world_size * ulp(magnitude, dtype)
+    elif kind != "a2a":
+        raise ValueError(f"unknown bound kind {kind!r}")
+    return bound
+
+
+def lse_bound(ref_lse: torch.Tensor, dtype: torch.dtype, world_size: int,
+              is_lse_base_on_e: bool) -> torch.Tensor:
+    """Per-element bound on |g - g*| for the returned float32 LSE."""
+    t = load()
+    c = t["a2a"][dtype_name(dtype)]["lse"]["base_e" if is_lse_base_on_e else "base_2"]
+    u = t["fp32_unit_roundoff"]
+    g = torch.where(torch.isfinite(ref_lse), ref_lse.abs(), torch.zeros_like(ref_lse))
+    return u * (c["g_coeff"] * g + c["rank_coeff"] * world_size + c["constant"])
+
+
+def upstream(dtype: torch.dtype) -> dict:
+    """The upstream vLLM PR #41160 atol=rtol values, for side-by-side reporting only."""
+    return dict(load()["upstream_vllm_pr41160"][dtype_name(dtype)])

@@ -1,0 +1,157 @@
+"""The packed wire format and the checks every public entry point shares.
+
+Wire format (send and receive buffers are identical in layout)::
+
+    buf[N, B, H/N, D + P]   dtype = the attention output's dtype (fp16, bf16 or fp32)
+        axis 0  peer r: the slice sent to / received from rank r
+        axis 1  token (batch row) b
+        axis 2  local head j: global head r*H/N + j on the sending side
+        axis 3  lanes [0, D): the partial output, bit-exact
+                lanes [D, D+P): the float32 log-sum-exp, as raw bits
+                   P = 1 (fp32 buffer): lane D holds the 32 bits
+                   P = 2 (16-bit buffer): lane D the low 16 bits, lane D+1 the high 16 bits
+
+The LSE is converted to float32 before packing (exact for fp16/bf16 inputs) and never rounded
+to the output dtype; its bits round-trip exactly, NaN payloads included.
+"""
+
+from __future__ import annotations
+
+import torch
+
+OUTPUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+LSE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+INDEX_DTYPES = (torch.int32, torch.int64)
+
+# The integer type of the same width, through which the kernels move raw bits.
+BITS_DTYPE = {torch.float16: torch.int16, torch.bfloat16: torch.int16, torch.float32: torch.int32}
+
+
+def lse_pack_dim(dtype: torch.dtype) -> int:
+    """Number of trailing lanes P that carry the float32 LSE in a buffer of ``dtype``.
+
+    2 for float16/bfloat16, 1 for float32. Any other dtype (every float8 variant, float64,
+    integer and bool dtypes) raises ``ValueError`` naming it: the wire format is only defined
+    for these three.
+    """
+    if not isinstance(dtype, torch.dtype):
+        raise TypeError(f"lse_pack_dim expects a torch.dtype, got {type(dtype).__name__}")
+    if dtype in (torch.float16, torch.bfloat16):
+        return 2
+    if dtype == torch.float32:
+        return 1
+    raise ValueError(
+        f"unsupported output dtype {dtype} for the packed DCP exchange: "
+        "only torch.float16, torch.bfloat16 and torch.float32 have a wire format "
+        "(float8 cannot carry the fp32 LSE bits; float64 has no packed layout)"
+    )
+
+
+def require_tensor(name: str, t) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+
+
+def require_int(name: str, v, minimum: int) -> int:
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise TypeError(f"{name} must be an int, got {type(v).__name__}")
+    if v < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {v}")
+    return v
+
+
+def require_same_device(**tensors) -> None:
+    present = {k: t for k, t in tensors.items() if t is not None}
+    devices = {k: t.device for k, t in present.items()}
+    if len(set(devices.values())) > 1:
+        listing = ", ".join(f"{k} on {d}" for k, d in devices.items())
+        raise ValueError(f"tensors must be on one device, got {listing}")
+
+
+def check_output_and_lse(out: torch.Tensor, lse: torch.Tensor) -> tuple[int, int, int]:
+    """Validate the attention partial ``out[B, H, D]`` and its ``lse[B, H]``; return (B, H, D)."""
+    require_tensor("out", out)
+    require_tensor("lse", lse)
+    lse_pack_dim(out.dtype)  # raises for unsupported output dtypes
+    if out.dim() != 3:
+        raise ValueError(f"out must be 3-D [B, H, D], got shape {tuple(out.shape)}")
+    if lse.dim() != 2:
+        raise ValueError(f"lse must be 2-D [B, H], got shape {tuple(lse.shape)}")
+    if lse.dtype not in LSE_DTYPES:
+        raise ValueError(
+            f"unsupported lse dtype {lse.dtype}: expected one of float32, bfloat16, float16"
+        )
+    if tuple(lse.shape) != tuple(out.shape[:2]):
+        raise ValueError(
+            f"out/lse shape mismatch: out is {tuple(out.shape)} so lse must be "
+            f"{tuple(out.shape[:2])}, got {tuple(lse.shape)}"
+        )
+    require_same_device(out=out, lse=lse)
+    B, H, D = out.shape
+    if D < 1:
+        raise ValueError(f"head_dim must be >= 1, got {D}")
+    return B, H, D
+
+
+def check_seq_meta(seq_lens, query_start_loc, num_rows: int, device: torch.device) -> None:
+    """``seq_lens`` and ``query_start_loc`` go together: both or neither."""
+    if (seq_lens is None) != (query_start_loc is None):
+        given = "seq_lens" if seq_lens is not None else "query_start_loc"
+        missing = "query_start_loc" if seq_lens is not None else "seq_lens"
+        raise ValueError(f"{given} was given without {missing}: pass both or neither")
+    if seq_lens is None:
+        return
+    require_tensor("seq_lens", seq_lens)
+    require_tensor("query_start_loc", query_start_loc)
+    for name, t in (("seq_lens", seq_lens), ("query_start_loc", query_start_loc)):
+        if t.dtype not in INDEX_DTYPES:
+            raise ValueError(f"{name} must be int32 or int64, got {t.dtype}")
+        if t.dim() != 1:
+            raise ValueError(f"{name} must be 1-D, got shape {tuple(t.shape)}")
+        if t.device != device:
+            raise ValueError(f"{name} is on {t.device} but the attention output is on {device}")
+    if query_start_loc.numel() != seq_lens.numel() + 1:
+        raise ValueError(
+            "query_start_loc must have len(seq_lens) + 1 entries, got "
+            f"{query_start_loc.numel()} for {seq_lens.numel()} sequences"
+        )
+
+
+def check_head_split(num_heads: int, world_size: int) -> int:
+    require_int("world_size", world_size, 1)
+    if num_heads % world_size != 0:
+        raise ValueError(
+            f"number of heads H={num_heads} is not divisible by the DCP world size N={world_size}"
+        )
+    return num_heads // world_size
+
+
+def wire_shape(world_size: int, batch: int, h_per_rank: int, head_dim: int, dtype) -> tuple:
+    return (world_size, batch, h_per_rank, head_dim + lse_pack_dim(dtype))
+
+
+def check_wire_buffer(name: str, buf, *, head_dim: int, lse_pack_dim_: int, expected_shape=None,
+                      dtype=None) -> tuple[int, int, int]:
+    """Validate a send/recv buffer; return (N, B, H/N)."""
+    require_tensor(name, buf)
+    p = lse_pack_dim(buf.dtype)
+    if dtype is not None and buf.dtype != dtype:
+        raise ValueError(f"{name} dtype {buf.dtype} does not match the output dtype {dtype}")
+    if lse_pack_dim_ != p:
+        raise ValueError(
+            f"lse_pack_dim={lse_pack_dim_} does not match {name} dtype {buf.dtype} (expected {p})"
+        )
+    if buf.dim() != 4:
+        raise ValueError(f"{name} must be 4-D [N, B, H/N, D+P], got shape {tuple(buf.shape)}")
+    if buf.shape[3] != head_dim + p:
+        raise ValueError(
+            f"{name} last dim is {buf.shape[3]} but head_dim={head_dim} + lse_pack_dim={p} "
+            f"= {head_dim + p}"
+        )
+    if expected_shape is not None and tuple(buf.shape) != tuple(expected_shape):
+        raise ValueError(
+            f"{name} has shape {tuple(buf.shape)}, expected {tuple(expected_shape)}"
+        )
+    if not buf.is_contiguous():
+        raise ValueError(f"{name} must be contiguous (it is the wire buffer of a collective)")
+    return buf.shape[0], buf.shape[1], buf.shape[2]

@@ -1,0 +1,75 @@
+"""The wire format in plain PyTorch views (a second, independent implementation).
+
+send/recv ``[N, B, H/N, D + P]`` in the output dtype; lanes [0, D) the partial output, lanes
+[D, D+P) the float32 LSE's 4 bytes in memory order (P = 2 for 16-bit dtypes: low half, high
+half; P = 1 for float32). This module also serves as a correct implementation of the contract's
+``pack_send`` / ``unpack_combine`` for CPU use (e.g. the end-to-end evals).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .combine import lse_weighted_combine
+
+
+def lse_pack_dim(dtype: torch.dtype) -> int:
+    if dtype in (torch.float16, torch.bfloat16):
+        return 2
+    if dtype == torch.float32:
+        return 1
+    raise ValueError(f"unsupported output dtype {dtype}: the wire format covers float16, "
+                     "bfloat16 and float32 only")
+
+
+def _lse_lanes(buf: torch.Tensor, head_dim: int) -> torch.Tensor:
+    """The LSE lanes of ``buf`` as a float32 view [N, B, H/N] (shares memory)."""
+    int_t = torch.int16 if buf.element_size() == 2 else torch.int32
+    lanes = buf.view(int_t)[..., head_dim:]
+    return lanes.contiguous().view(torch.float32).squeeze(-1) if lanes.shape[-1] else lanes
+
+
+def row_mask(num_rows: int, seq_lens, query_start_loc) -> torch.Tensor:
+    """Bool [B]: rows with no local KV (their request's seq_len is 0) or padding rows."""
+    empty = torch.zeros(num_rows, dtype=torch.bool)
+    if seq_lens is None:
+        return empty
+    qsl = query_start_loc.cpu().tolist()
+    sl = seq_lens.cpu().tolist()
+    empty[:] = True
+    for s, n in enumerate(sl):
+        lo, hi = qsl[s], min(qsl[s + 1], num_rows)
+        if hi > lo:
+            empty[lo:hi] = n <= 0
+    return empty
+
+
+def pack_send(out, lse, send, world_size, h_per_rank, head_dim, lse_pack_dim,
+              seq_lens=None, query_start_loc=None) -> None:
+    B, H, D = out.shape
+    if H % world_size:
+        raise ValueError(f"H={H} is not divisible by N={world_size}")
+    if (seq_lens is None) != (query_start_loc is None):
+        raise ValueError("seq_lens and query_start_loc must be given together")
+    expected = (world_size, B, h_per_rank, head_dim + lse_pack_dim)
+    if tuple(send.shape) != expected or send.dtype != out.dtype:
+        raise ValueError(f"send must be {expected} {out.dtype}, got {tuple(send.shape)} "
+                         f"{send.dtype}")
+    send[..., :D].copy_(out.unflatten(1, (world_size, h_per_rank)).transpose(0, 1))
+    lse32 = lse.to(torch.float32).clone()
+    lse32[row_mask(B, seq_lens, query_start_loc).to(lse32.device)] = -math.inf
+    lse_wire = lse32.unflatten(1, (world_size, h_per_rank)).transpose(0, 1).contiguous()
+    int_t = torch.int16 if send.element_size() == 2 else torch.int32
+    send.view(int_t)[..., D:].copy_(lse_wire.view(int_t).view(*lse_wire.shape, -1))
+
+
+def unpack_combine(recv, head_dim, lse_pack_dim, return_lse, is_lse_base_on_e):
+    if recv.shape[-1] != head_dim + lse_pack_dim:
+        raise ValueError(f"recv last dim {recv.shape[-1]} != head_dim + P")
+    data = recv[..., :head_dim]
+    lses = _lse_lanes(recv, head_dim)
+    res = lse_weighted_combine(data, lses, return_lse=True, is_lse_base_on_e=is_lse_base_on_e)
+    out = res[0].to(recv.dtype)
+    return (out, res[1].to(torch.float32)) if return_lse else out

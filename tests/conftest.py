@@ -1,0 +1,63 @@
+"""Suite-wide setup: the Triton interpreter on CPU, the implementation under test, devices.
+
+The interpreter must be chosen before any kernel is defined, so it is set here at import time:
+on a machine without CUDA every kernel test runs interpreted; with CUDA the same tests run
+compiled (set TRITON_INTERPRET=1 yourself to interpret on a GPU machine).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+
+from dcp_a2a.impl import DEFAULT_SPEC, ENV_VAR, load_impl  # noqa: E402
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--impl", default=None,
+        help="implementation under test: package.module or package.module:attr "
+             f"(default: ${ENV_VAR} or {DEFAULT_SPEC})",
+    )
+
+
+def pytest_configure(config):
+    spec = config.getoption("--impl") or os.environ.get(ENV_VAR) or DEFAULT_SPEC
+    # workers (xdist, the process pool) inherit the choice through the environment
+    os.environ[ENV_VAR] = spec
+
+
+@pytest.fixture(scope="session")
+def impl():
+    """The implementation under test (see dcp_a2a.impl). Contract tests use only this."""
+    return load_impl(os.environ[ENV_VAR])
+
+
+@pytest.fixture(scope="session")
+def project_only(impl):
+    """Skip tests of project-specific extras (backend=, in-process driver) on foreign impls."""
+    if not impl.is_project:
+        pytest.skip(f"project-specific test; implementation under test is {impl.spec}")
+
+
+def _devices():
+    devs = ["cpu"] if not torch.cuda.is_available() else ["cuda"]
+    return devs
+
+
+@pytest.fixture(params=_devices())
+def device(request):
+    """Where kernel tests run: the CPU (interpreted Triton) or, on a GPU machine, CUDA."""
+    return torch.device(request.param)
+
+
+def require(impl, *names):
+    for n in names:
+        if not impl.has(n):
+            pytest.skip(f"implementation {impl.spec} has no {n}")
