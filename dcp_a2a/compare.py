@@ -54,6 +54,7 @@ class MergeReport:
     def as_dict(self) -> dict:
         d = asdict(self)
         d.pop("ulp_errors", None)
+        d["ulp_histogram"] = ulp_histogram(self.ulp_errors)
         d["ok"] = self.ok
         d["worst_ratio"] = self.worst_ratio
         return d
@@ -71,6 +72,21 @@ class MergeReport:
                 f"{q.worst_actual!r}, expected {q.worst_expected!r}"
             )
         return "\n".join(lines)
+
+
+# Fixed bins (in ulps of the output dtype) so histograms from many tests can be summed.
+ULP_BIN_EDGES = [i / 20 for i in range(21)] + [1.5, 2.0, 4.0, 16.0, math.inf]
+
+
+def ulp_histogram(ulp_errors) -> list[int]:
+    """Counts of per-element errors in the bins of ``ULP_BIN_EDGES`` ([lo, hi) each)."""
+    import bisect
+
+    counts = [0] * (len(ULP_BIN_EDGES) - 1)
+    for v in ulp_errors:
+        i = min(bisect.bisect_right(ULP_BIN_EDGES, v) - 1, len(counts) - 1)
+        counts[max(i, 0)] += 1
+    return counts
 
 
 def _errors(actual: torch.Tensor, expected: torch.Tensor):
@@ -104,7 +120,7 @@ def _quantity(name, a, e, err, bound, ulps, upstream_tol) -> QuantityReport:
 def check_merge(actual_out: torch.Tensor, actual_lse: torch.Tensor | None,
                 outputs: torch.Tensor, lses: torch.Tensor, *, is_lse_base_on_e: bool = True,
                 kind: str = "a2a", heads: slice | None = None,
-                keep_ulp_errors: bool = False) -> MergeReport:
+                keep_ulp_errors: bool = True) -> MergeReport:
     """Compare a merged result with the float64 oracle over ``outputs[N, B, H, D]``,
     ``lses[N, B, H]`` (the partials every rank held). ``heads`` selects the oracle's head range
     when ``actual_out`` is one rank's [B, H/N, D] slice.

@@ -61,3 +61,20 @@ def require(impl, *names):
     for n in names:
         if not impl.has(n):
             pytest.skip(f"implementation {impl.spec} has no {n}")
+
+
+@pytest.fixture
+def merge_check(request):
+    """Compare a merged result with the float64 oracle (dcp_a2a.compare.check_merge), fail with
+    the error in ulps and as a ratio to the bound, and record the report on the test so the
+    validation report can show headroom and the error distribution."""
+    from dcp_a2a.compare import check_merge
+
+    def _check(actual_out, actual_lse, outputs, lses, **kwargs):
+        rep = check_merge(actual_out, actual_lse, outputs, lses, **kwargs)
+        request.node.user_properties.append(("merge_report", rep.as_dict()))
+        if not rep.ok:
+            raise AssertionError(rep.describe())
+        return rep
+
+    return _check
