@@ -1,0 +1,373 @@
+"""DCP attention as a transformers attention implementation (``attn_implementation="dcp"``).
+
+Registered through transformers' own extension points (``AttentionInterface`` for the attention
+function, ``AttentionMaskInterface`` for its mask, which is SDPA's boolean mask), so any model
+that dispatches attention through ``ALL_ATTENTION_FUNCTIONS`` (Llama, Qwen2, Mistral, ...) runs
+DCP-style without a patched model file::
+
+    model = AutoModelForCausalLM.from_pretrained(...)
+    attach_dcp(model, DCPSettings(world_size=3, backend="packed", lse_base="e"))
+
+What one attention call does (query ``[B, Hq, Tq, D]``, key/value ``[B, Hkv, Tk, D]``):
+
+1. Shard the KV sequence over N ranks as a DCP KV cache does: position j lives on rank
+   ``(j // I) % N`` (I = ``interleave``; 1 = token interleave, the default; larger I = blocks
+   of I tokens).
+2. Each rank computes its partial attention over its shard with the causal and padding masks
+   (softmax statistics in at least float32, GQA by grouping query heads per KV head): the
+   normalised partial output ``o_r`` (in the wire dtype) and its log-sum-exp ``s_r`` (float32,
+   base e or base 2 computed natively with exp2/log2 as FlashInfer MLA does). A row with no
+   visible local key is an *empty shard*: ``o_r = 0``, ``s_r = -inf``, and its local KV length
+   0 is passed to the combine as ``seq_lens`` so the combine masks it as well.
+3. Rows are the B*Tq (request, query) pairs; heads are padded with empty heads (o = 0,
+   s = -inf on every rank) up to a multiple of N, the partials are merged through the chosen
+   backend, and the padding heads are dropped.
+
+Combine paths (``DCPSettings.combine``):
+  ``triton``     dcp_a2a's kernels: ``dcp_a2a.inprocess.lse_reduce_in_process`` (N ranks in
+                 this process) -- the default on CUDA;
+  ``reference``  the pure-PyTorch reference of each backend's wire path -- the default on CPU
+                 where the Triton interpreter is slow:
+                   packed          reference.pack_send -> all-to-all (transpose) ->
+                                   reference.unpack_combine (LSE bits in the trailing lanes)
+                   two_collective  outputs and fp32 LSEs exchanged as two tensors, then the
+                                   reference merge
+                   ag_rs           all-gather the LSEs, weight each partial by exp(s_r - g) in
+                                   fp32, round to the output dtype, reduce-scatter summing in
+                                   the output dtype (rank order)
+  Under torchrun (``DCPSettings.group`` set) each process computes only its own shard and
+  calls ``dcp_a2a.lse_reduce`` on the real group, then all-gathers the head slices.
+
+``shard="decode"`` (default) runs only single-token query steps through DCP and the prefill
+through transformers' SDPA, as engines do; ``shard="all"`` shards every call (teacher forcing).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+ATTN_NAME = "dcp"
+BACKENDS = ("packed", "two_collective", "ag_rs")
+COMBINES = ("auto", "triton", "reference")
+_LOG2E = 1.4426950408889634
+
+
+@dataclass
+class DCPSettings:
+    """How the attention of a model is sharded and combined (see the module docstring)."""
+
+    world_size: int = 3
+    backend: str = "packed"
+    lse_base: str = "e"  # "e" or "2"
+    combine: str = "auto"
+    shard: str = "decode"  # "decode" or "all"
+    interleave: int = 1
+    # dtype of the partial outputs on the wire (default: the query dtype). The CI test runs a
+    # float64 model and exchanges float32/bfloat16 partials so that the combine is the only
+    # source of rounding it has to bound.
+    wire_dtype: torch.dtype | None = None
+    group: Any = None  # a dcp_a2a.Group over a real process group (torchrun)
+    # Write NaN outputs and a finite garbage LSE into the partials of rows with no local key
+    # before the combine: proves the combine's seq_lens masking (tests only).
+    poison_empty: bool = False
+    # called as recorder(layer_idx, outs, lses, seq_lens, merged) with the clean per-rank
+    # partials [R, Hp, D] / [R, Hp], local KV lengths [R] and the merged [R, Hp, D]
+    recorder: Callable | None = field(default=None, repr=False)
+
+    def __post_init__(self):
+        if self.group is not None:
+            self.world_size = int(self.group.world_size)
+        if not isinstance(self.world_size, int) or self.world_size < 1:
+            raise ValueError(f"world_size must be a positive int, got {self.world_size!r}")
+        if self.backend not in BACKENDS:
+            raise ValueError(f"unknown backend {self.backend!r}: expected one of "
+                             f"{', '.join(BACKENDS)}")
+        if str(self.lse_base) not in ("e", "2"):
+            raise ValueError(f"lse_base must be 'e' or '2', got {self.lse_base!r}")
+        self.lse_base = str(self.lse_base)
+        if self.combine not in COMBINES:
+            raise ValueError(f"unknown combine {self.combine!r}: expected one of "
+                             f"{', '.join(COMBINES)}")
+        if self.shard not in ("decode", "all"):
+            raise ValueError(f"shard must be 'decode' or 'all', got {self.shard!r}")
+        if not isinstance(self.interleave, int) or self.interleave < 1:
+            raise ValueError(f"interleave must be a positive int, got {self.interleave!r}")
+        if self.wire_dtype not in (None, torch.float16, torch.bfloat16, torch.float32):
+            raise ValueError(f"wire_dtype must be float16, bfloat16 or float32, got "
+                             f"{self.wire_dtype}")
+
+    @property
+    def base_e(self) -> bool:
+        return self.lse_base == "e"
+
+    def combine_for(self, device: torch.device) -> str:
+        if self.combine != "auto":
+            return self.combine
+        return "triton" if device.type == "cuda" else "reference"
+
+
+# ----------------------------------------------------------------------------- sharding
+def shard_positions(kv_len: int, world_size: int, interleave: int = 1,
+                    device=None) -> list[torch.Tensor]:
+    """KV positions held by each rank: j is on rank (j // interleave) % world_size."""
+    j = torch.arange(kv_len, device=device)
+    owner = (j // interleave) % world_size
+    return [j[owner == r] for r in range(world_size)]
+
+
+def visible_mask(attention_mask, batch: int, q_len: int, kv_len: int,
+                 device) -> torch.Tensor:
+    """Boolean ``[B, 1 or Hq, Tq, Tk]`` (True = query may attend to key).
+
+    ``None`` means plain causal attention with the queries being the last Tq positions (what
+    SDPA's mask function returns when it can skip the mask)."""
+    if attention_mask is None:
+        qpos = torch.arange(kv_len - q_len, kv_len, device=device)
+        kpos = torch.arange(kv_len, device=device)
+        return (kpos[None, :] <= qpos[:, None]).expand(batch, 1, q_len, kv_len)
+    if attention_mask.dtype == torch.bool:
+        m = attention_mask
+    else:
+        neg = attention_mask < torch.finfo(attention_mask.dtype).min / 2
+        if not bool(((attention_mask == 0) | neg).all()):
+            raise ValueError("dcp attention accepts boolean or 0/-inf additive masks only "
+                             "(an attention bias such as ALiBi is not supported)")
+        m = ~neg
+    if m.dim() != 4 or m.shape[-1] != kv_len or m.shape[-2] != q_len:
+        raise ValueError(f"attention mask of shape {tuple(m.shape)} does not match "
+                         f"[B, H, {q_len}, {kv_len}]")
+    return m[..., :kv_len]
+
+
+# ----------------------------------------------------------------------------- partials
+def partial_attention(query, key, value, visible, scaling: float, base_e: bool,
+                      out_dtype: torch.dtype):
+    """Attention of ``query[B, Hq, Tq, D]`` over one KV shard ``key/value[B, Hkv, n, D]``.
+
+    ``visible[B, 1|Hq, Tq, n]`` bool. Returns ``out[B, Hq, Tq, D]`` (out_dtype, normalised by
+    the local softmax sum), ``lse[B, Hq, Tq]`` float32 (base e, or base 2 computed with
+    exp2/log2) and ``nkeys[B, Tq]`` (visible local keys per row, any head). Rows without a
+    visible key give out = 0 and lse = -inf (the empty-shard identity), never NaN.
+    """
+    B, Hq, Tq, D = query.shape
+    Hkv = key.shape[1]
+    if Hq % Hkv:
+        raise ValueError(f"{Hq} query heads are not a multiple of {Hkv} KV heads")
+    G = Hq // Hkv
+    ct = torch.promote_types(query.dtype, torch.float32)
+    q = query.to(ct).reshape(B, Hkv, G, Tq, D)
+    k = key.to(ct)[:, :, None]
+    v = value.to(ct)[:, :, None]
+    s = torch.matmul(q, k.transpose(-1, -2)) * scaling  # [B, Hkv, G, Tq, n]
+    if not base_e:
+        s = s * _LOG2E
+    vis = visible[:, :, None] if visible.shape[1] == 1 else visible.reshape(B, Hkv, G, Tq, -1)
+    s = s.masked_fill(~vis, -math.inf)
+    m = s.amax(dim=-1, keepdim=True) if s.shape[-1] else torch.full(
+        (*s.shape[:-1], 1), -math.inf, dtype=ct, device=s.device)
+    empty = m == -math.inf
+    m_safe = torch.where(empty, torch.zeros_like(m), m)
+    p = torch.exp(s - m_safe) if base_e else torch.exp2(s - m_safe)
+    total = p.sum(dim=-1, keepdim=True)
+    denom = torch.where(empty, torch.ones_like(total), total)
+    out = torch.matmul(p, v) / denom
+    log = torch.log if base_e else torch.log2
+    lse = torch.where(empty, torch.full_like(m, -math.inf), m_safe + log(denom))
+    out = torch.where(empty, torch.zeros_like(out), out)
+    nkeys = visible.any(dim=1).sum(dim=-1)
+    return (out.reshape(B, Hq, Tq, D).to(out_dtype),
+            lse.reshape(B, Hq, Tq).to(torch.float32), nkeys)
+
+
+# ----------------------------------------------------------------------------- combines
+def _masked_lse(lse: torch.Tensor, seq_lens: torch.Tensor) -> torch.Tensor:
+    """float32 LSE with rows of no local KV set to -inf (each row is its own request here)."""
+    out = lse.to(torch.float32).clone()
+    out[seq_lens <= 0] = -math.inf
+    return out
+
+
+def _ref_packed(outs, lses, seq_lens, qsl, base_e):
+    from reference import simulate_lse_reduce
+
+    return simulate_lse_reduce(outs, lses, False, base_e, seq_lens, qsl)
+
+
+def _ref_two_collective(outs, lses, seq_lens, qsl, base_e):
+    from reference import lse_weighted_combine
+
+    n = len(outs)
+    R, Hp, D = outs[0].shape
+    hpr = Hp // n
+    data_send = [o.unflatten(1, (n, hpr)).transpose(0, 1) for o in outs]  # [N, R, hpr, D]
+    lse_send = [_masked_lse(s, sl).unflatten(1, (n, hpr)).transpose(0, 1)
+                for s, sl in zip(lses, seq_lens)]
+    res = []
+    for r in range(n):  # two all-to-alls: rank r receives slice r of every peer
+        data = torch.stack([data_send[src][r] for src in range(n)])
+        lse = torch.stack([lse_send[src][r] for src in range(n)])
+        res.append(lse_weighted_combine(data, lse, is_lse_base_on_e=base_e).to(outs[0].dtype))
+    return res
+
+
+def _ref_ag_rs(outs, lses, seq_lens, qsl, base_e):
+    n = len(outs)
+    R, Hp, D = outs[0].shape
+    hpr = Hp // n
+    gathered = torch.stack([_masked_lse(s, sl) for s, sl in zip(lses, seq_lens)])  # all-gather
+    m = gathered.amax(dim=0)
+    m_safe = torch.where(m == -math.inf, torch.zeros_like(m), m)
+    ex = torch.exp if base_e else torch.exp2
+    log = torch.log if base_e else torch.log2
+    total = ex(gathered - m_safe).sum(dim=0)
+    g = torch.where(total > 0, m_safe + log(torch.where(total > 0, total, 1.0)),
+                    torch.full_like(m, -math.inf))
+    g_safe = torch.where(g == -math.inf, torch.zeros_like(g), g)
+    scaled = []
+    for r in range(n):  # each rank weights its own partial in fp32, rounds to the output dtype
+        w = torch.where(gathered[r] == -math.inf, torch.zeros_like(g), ex(gathered[r] - g_safe))
+        y = torch.where(w[..., None] > 0, w[..., None] * outs[r].to(torch.float32), 0.0)
+        scaled.append(y.to(outs[r].dtype).unflatten(1, (n, hpr)).transpose(0, 1))
+    res = []
+    for d in range(n):  # reduce-scatter: sum in the output dtype, in rank order
+        acc = scaled[0][d].clone()
+        for src in range(1, n):
+            acc += scaled[src][d]
+        res.append(acc)
+    return res
+
+
+_REFERENCE = {"packed": _ref_packed, "two_collective": _ref_two_collective, "ag_rs": _ref_ag_rs}
+
+
+def combine_partials(outs, lses, seq_lens, query_start_loc, settings: DCPSettings):
+    """Merge per-rank partials ``outs[r][R, Hp, D]`` / ``lses[r][R, Hp]`` (Hp % N == 0).
+
+    Returns the merged ``[R, Hp, D]`` (all heads: the per-rank head slices concatenated)."""
+    kind = settings.combine_for(outs[0].device)
+    if kind == "triton":
+        from dcp_a2a.inprocess import lse_reduce_in_process
+
+        res = lse_reduce_in_process(outs, lses, return_lse=False,
+                                    is_lse_base_on_e=settings.base_e, seq_lens=seq_lens,
+                                    query_start_loc=query_start_loc, backend=settings.backend)
+    else:
+        res = _REFERENCE[settings.backend](outs, lses, seq_lens, query_start_loc,
+                                           settings.base_e)
+    return torch.cat(res, dim=1)
+
+
+def _combine_distributed(out, lse, seq_lens, qsl, settings: DCPSettings):
+    import torch.distributed as dist
+
+    from dcp_a2a import lse_reduce
+
+    mine = lse_reduce(out, lse, settings.group, return_lse=False,
+                      is_lse_base_on_e=settings.base_e, seq_lens=seq_lens,
+                      query_start_loc=qsl, backend=settings.backend)
+    n = settings.world_size
+    gathered = torch.empty((n, *mine.shape), dtype=mine.dtype, device=mine.device)
+    dist.all_gather_into_tensor(gathered, mine.contiguous(), group=settings.group.device_group)
+    return gathered.permute(1, 0, 2, 3).reshape(mine.shape[0], -1, mine.shape[2])
+
+
+# ----------------------------------------------------------------------------- attention
+def dcp_attention(query, key, value, visible, scaling: float, settings: DCPSettings,
+                  layer_idx=None) -> torch.Tensor:
+    """DCP attention of ``query[B, Hq, Tq, D]`` over ``key/value[B, Hkv, Tk, D]``.
+
+    Returns ``[B, Hq, Tq, D]`` in the query dtype."""
+    B, Hq, Tq, D = query.shape
+    Tk = key.shape[2]
+    n = settings.world_size
+    wire = settings.wire_dtype or query.dtype
+    hp = -(-Hq // n) * n
+    R = B * Tq
+    qsl = torch.arange(R + 1, dtype=torch.int32, device=query.device)
+    pos = shard_positions(Tk, n, settings.interleave, device=query.device)
+    ranks = [settings.group.rank_in_group] if settings.group is not None else range(n)
+    outs, lses, seq_lens = [], [], []
+    for r in ranks:
+        o, s, nk = partial_attention(query, key[:, :, pos[r]], value[:, :, pos[r]],
+                                     visible[..., pos[r]], scaling, settings.base_e, wire)
+        o = o.permute(0, 2, 1, 3).reshape(R, Hq, D)
+        s = s.permute(0, 2, 1).reshape(R, Hq)
+        if hp != Hq:  # empty heads: zero output, LSE -inf on every rank
+            o = torch.cat([o, o.new_zeros(R, hp - Hq, D)], dim=1)
+            s = torch.cat([s, s.new_full((R, hp - Hq), -math.inf)], dim=1)
+        outs.append(o.contiguous())
+        lses.append(s.contiguous())
+        seq_lens.append(nk.reshape(R).to(torch.int32))
+    sent_outs, sent_lses = outs, lses
+    if settings.poison_empty:
+        sent_outs, sent_lses = [], []
+        for o, s, sl in zip(outs, lses, seq_lens):
+            o, s = o.clone(), s.clone()
+            o[sl <= 0] = math.nan
+            s[sl <= 0] = 0.0
+            sent_outs.append(o)
+            sent_lses.append(s)
+    if settings.group is not None:
+        merged = _combine_distributed(sent_outs[0], sent_lses[0], seq_lens[0], qsl, settings)
+    else:
+        merged = combine_partials(sent_outs, sent_lses, seq_lens, qsl, settings)
+    if settings.recorder is not None:
+        settings.recorder(layer_idx, outs, lses, seq_lens, merged)
+    merged = merged[:, :Hq].reshape(B, Tq, Hq, D).permute(0, 2, 1, 3)
+    return merged.to(query.dtype)
+
+
+def dcp_attention_forward(module, query, key, value, attention_mask, dropout: float = 0.0,
+                          scaling: float | None = None, is_causal: bool | None = None,
+                          **kwargs):
+    """transformers attention-interface entry point; returns ([B, Tq, Hq, D], None)."""
+    settings = getattr(module, "_dcp_settings", None)
+    if settings is None:
+        raise ValueError("attn_implementation='dcp' needs settings: call "
+                         "evals.dcp_attention.attach_dcp(model, DCPSettings(...))")
+    B, Hq, Tq, D = query.shape
+    if settings.shard == "decode" and Tq > 1:
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        return sdpa_attention_forward(module, query, key, value, attention_mask,
+                                      dropout=dropout, scaling=scaling, is_causal=is_causal,
+                                      **kwargs)
+    if dropout and module.training:
+        raise ValueError("dcp attention does not implement attention dropout")
+    if kwargs.get("softcap") is not None or kwargs.get("sliding_window") is not None:
+        raise ValueError("dcp attention does not implement softcap or sliding windows")
+    scaling = scaling if scaling is not None else D ** -0.5
+    vis = visible_mask(attention_mask, B, Tq, key.shape[2], query.device)
+    out = dcp_attention(query, key, value, vis, scaling, settings,
+                        layer_idx=getattr(module, "layer_idx", None))
+    return out.transpose(1, 2).contiguous(), None
+
+
+def register() -> None:
+    """Register ``"dcp"`` with transformers' attention and mask interfaces (idempotent)."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(ATTN_NAME, dcp_attention_forward)
+    AttentionMaskInterface.register(ATTN_NAME, sdpa_mask)
+
+
+def attach_dcp(model, settings: DCPSettings):
+    """Run ``model``'s attention DCP-style with ``settings`` (switches it to "dcp")."""
+    register()
+    for m in model.modules():
+        m._dcp_settings = settings
+    model.set_attn_implementation(ATTN_NAME)
+    return model
+
+
+def detach_dcp(model, attn_implementation: str = "sdpa"):
+    model.set_attn_implementation(attn_implementation)
+    for m in model.modules():
+        if hasattr(m, "_dcp_settings"):
+            del m._dcp_settings
+    return model
