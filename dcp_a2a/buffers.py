@@ -29,6 +29,16 @@ import threading
 import torch
 
 
+def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a.device != b.device or a.numel() == 0 or b.numel() == 0:
+        return False
+    a0 = a.data_ptr()
+    b0 = b.untyped_storage().data_ptr()
+    a1 = a0 + a.numel() * a.element_size()
+    b1 = b0 + b.untyped_storage().nbytes()
+    return a0 < b1 and b0 < a1
+
+
 def _capturing(device: torch.device) -> bool:
     return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
 
@@ -38,32 +48,45 @@ class StagingBuffers:
 
     def __init__(self) -> None:
         self._eager: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
-        self._captured: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self._captured: list[torch.Tensor] = []
         self._lock = threading.Lock()
 
-    def wire_pair(self, shape, dtype: torch.dtype, device, tag: str = "wire"):
-        """A (send, recv) pair of ``shape``; contiguous, disjoint, not aliasing any caller data."""
+    def get(self, shape, dtype: torch.dtype, device, tag: str, avoid=()) -> torch.Tensor:
+        """A contiguous scratch tensor of ``shape`` for ``tag``; never overlapping ``avoid``.
+
+        Eager: a view of the grow-only buffer for (device, dtype, tag). While the current stream
+        is capturing: a fresh tensor pinned by this owner. If the eager buffer overlaps one of the
+        ``avoid`` tensors (a caller's input that lives in memory this owner handed out), a
+        dedicated tensor is returned instead of corrupting that input.
+        """
         device = torch.device(device)
         numel = 1
         for s in shape:
             numel *= int(s)
         if _capturing(device):
-            pair = (torch.empty(shape, dtype=dtype, device=device),
-                    torch.empty(shape, dtype=dtype, device=device))
+            t = torch.empty(shape, dtype=dtype, device=device)
             with self._lock:
-                self._captured.append(pair)
-            return pair
+                self._captured.append(t)
+            return t
         key = (device, dtype, tag)
         with self._lock:
             flat = self._eager.get(key)
-            if flat is None or flat[0].numel() < numel:
-                flat = (torch.empty(numel, dtype=dtype, device=device),
-                        torch.empty(numel, dtype=dtype, device=device))
+            if flat is None or flat.numel() < numel:
+                flat = torch.empty(numel, dtype=dtype, device=device)
                 self._eager[key] = flat
-        return flat[0][:numel].view(shape), flat[1][:numel].view(shape)
+        view = flat[:numel].view(shape)
+        if any(_overlaps(view, a) for a in avoid if a is not None):
+            return torch.empty(shape, dtype=dtype, device=device)
+        return view
+
+    def wire_pair(self, shape, dtype: torch.dtype, device, tag: str = "wire", avoid=()):
+        """A (send, recv) pair of ``shape``: contiguous, disjoint, not aliasing ``avoid``."""
+        return (self.get(shape, dtype, device, tag + ".send", avoid),
+                self.get(shape, dtype, device, tag + ".recv", avoid))
 
     @property
-    def captured_pairs(self) -> int:
+    def pinned_for_graphs(self) -> int:
+        """Number of tensors kept alive for captured graphs."""
         return len(self._captured)
 
     def release_captured(self) -> None:

@@ -94,7 +94,8 @@ def lse_reduce_steps(out, lse, world_size: int, rank: int, *, return_lse=False,
 
 def _packed(out, lse, N, rank, B, H, D, hpr, return_lse, base_e, seq_lens, qsl, buffers):
     p = lse_pack_dim(out.dtype)
-    send, recv = buffers.wire_pair((N, B, hpr, D + p), out.dtype, out.device)
+    send, recv = buffers.wire_pair((N, B, hpr, D + p), out.dtype, out.device,
+                                   avoid=(out, lse))
     pack_send(out, lse, send, N, hpr, D, p, seq_lens=seq_lens, query_start_loc=qsl)
     recv = yield ("all_to_all", (send, recv))
     return unpack_combine(recv, D, p, return_lse, base_e)
@@ -102,8 +103,9 @@ def _packed(out, lse, N, rank, B, H, D, hpr, return_lse, base_e, seq_lens, qsl, 
 
 def _two_collective(out, lse, N, rank, B, H, D, hpr, return_lse, base_e, seq_lens, qsl,
                     buffers):
-    data_send, data_recv = buffers.wire_pair((N, B, hpr, D), out.dtype, out.device, tag="data")
-    lse_send, lse_recv = buffers.wire_pair((N, B, hpr), torch.float32, out.device, tag="lse")
+    avoid = (out, lse)
+    data_send, data_recv = buffers.wire_pair((N, B, hpr, D), out.dtype, out.device, "data", avoid)
+    lse_send, lse_recv = buffers.wire_pair((N, B, hpr), torch.float32, out.device, "lse", avoid)
     data_send.copy_(out.unflatten(1, (N, hpr)).transpose(0, 1))
     lse_to_wire(lse, lse_send, N, seq_lens, qsl)
     data_recv, lse_recv = yield ("all_to_all_pair", ((data_send, data_recv), (lse_send, lse_recv)))
@@ -111,13 +113,15 @@ def _two_collective(out, lse, N, rank, B, H, D, hpr, return_lse, base_e, seq_len
 
 
 def _ag_rs(out, lse, N, rank, B, H, D, hpr, return_lse, base_e, seq_lens, qsl, buffers):
-    lse_local = torch.empty((B, H), dtype=torch.float32, device=out.device)
+    avoid = (out, lse)
+    lse_local = buffers.get((B, H), torch.float32, out.device, "ag_rs.lse", avoid)
     lse_to_wire(lse, lse_local, N, seq_lens, qsl)
-    lse_all = torch.empty((N, B, H), dtype=torch.float32, device=out.device)
+    lse_all = buffers.get((N, B, H), torch.float32, out.device, "ag_rs.lse_all", avoid)
     lse_all = yield ("all_gather", (lse_local, lse_all))
-    scaled, lse_out = scale_for_reduce_scatter(out, lse_all, rank, return_lse, base_e)
-    merged = torch.empty((B, hpr, D), dtype=out.dtype, device=out.device)
-    merged = yield ("reduce_scatter", (scaled, merged))
+    scaled = buffers.get((N, B, hpr, D), out.dtype, out.device, "ag_rs.scaled", avoid)
+    lse_out = scale_for_reduce_scatter(out, lse_all, rank, return_lse, base_e, dst=scaled)
+    merged = torch.empty((B, hpr, D), dtype=out.dtype, device=out.device)  # returned: owned
+    merged = yield ("reduce_scatter", (scaled, merged))                   # by the caller
     return (merged, lse_out) if return_lse else merged
 
 

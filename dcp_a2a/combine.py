@@ -16,6 +16,7 @@ import triton
 import triton.language as tl
 
 from ._launch import bits, next_pow2, require_runnable_device
+from .tuning import combine_launch
 from .merge_math import load_f32, merge_weights, store_from_f32, weighted_term
 from .wire import check_wire_buffer, lse_pack_dim as _lse_pack_dim, require_int
 
@@ -105,26 +106,21 @@ def _scale_kernel(
         tl.store(lse_out_ptr + b * HPR + h % HPR, g, mask=mine)
 
 
-def _blocks(n_ranks: int, heads: int, head_dim: int) -> tuple[int, int, int]:
-    block_d = min(next_pow2(head_dim), 512)
-    block_h = max(1, min(next_pow2(heads), 4096 // block_d))
-    return next_pow2(n_ranks), block_h, block_d
-
-
 def _launch_combine(data, data_bits, lse, N, B, hpr, D, lse_lanes, return_lse, base_e):
     out = torch.empty((B, hpr, D), dtype=data.dtype, device=data.device)
     lse_out = torch.empty((B, hpr), dtype=torch.float32, device=data.device)
     if B > 0 and hpr > 0:
         require_runnable_device(data)
-        block_n, block_h, block_d = _blocks(N, hpr, D)
+        cfg = combine_launch(N, B, hpr, D)
         lse_strides = lse.stride() if lse is not None else (0, 0, 0)
-        _combine_kernel[(B, triton.cdiv(hpr, block_h))](
+        _combine_kernel[(B, triton.cdiv(hpr, cfg.block_h))](
             data, data_bits, lse if lse is not None else lse_out, out, bits(out), lse_out,
             N, B, hpr, D,
             data.stride(0), data.stride(1), data.stride(2), data.stride(3), *lse_strides,
             LSE_LANES=lse_lanes, BASE_E=bool(base_e), RETURN_LSE=bool(return_lse),
             IS_BF16=data.dtype == torch.bfloat16,
-            BLOCK_N=block_n, BLOCK_H=block_h, BLOCK_D=block_d,
+            BLOCK_N=next_pow2(N), BLOCK_H=cfg.block_h, BLOCK_D=cfg.block_d,
+            num_warps=cfg.num_warps,
         )
     return (out, lse_out) if return_lse else out
 
@@ -166,26 +162,26 @@ def combine_separate(data, lse, return_lse, is_lse_base_on_e):
     return _launch_combine(data, bits(data), lse, N, B, hpr, D, 0, return_lse, is_lse_base_on_e)
 
 
-def scale_for_reduce_scatter(out, lse_all, rank, return_lse, is_lse_base_on_e):
+def scale_for_reduce_scatter(out, lse_all, rank, return_lse, is_lse_base_on_e, dst):
     """AG+RS local step. ``out[B, H, D]``, ``lse_all[N, B, H]`` fp32 (already masked).
 
-    Returns ``dst[N, B, H/N, D]`` in out's dtype (slice r goes to rank r, summed there) and this
-    rank's merged LSE ``[B, H/N]`` fp32.
+    Writes ``dst[N, B, H/N, D]`` in out's dtype (slice r goes to rank r, summed there) and
+    returns this rank's merged LSE ``[B, H/N]`` fp32.
     """
     N, B, H = lse_all.shape
     D = out.shape[2]
     hpr = H // N
-    dst = torch.empty((N, B, hpr, D), dtype=out.dtype, device=out.device)
     lse_out = torch.empty((B, hpr), dtype=torch.float32, device=out.device)
     if B > 0 and H > 0:
         require_runnable_device(out)
-        block_n, block_h, block_d = _blocks(N, H, D)
-        _scale_kernel[(B, triton.cdiv(H, block_h))](
+        cfg = combine_launch(N, B, H, D)
+        _scale_kernel[(B, triton.cdiv(H, cfg.block_h))](
             out, bits(out), lse_all.contiguous(), dst, bits(dst), lse_out,
             N, B, H, hpr, D, rank,
             out.stride(0), out.stride(1), out.stride(2),
             BASE_E=bool(is_lse_base_on_e), RETURN_LSE=bool(return_lse),
             IS_BF16=out.dtype == torch.bfloat16,
-            BLOCK_N=block_n, BLOCK_H=block_h, BLOCK_D=block_d,
+            BLOCK_N=next_pow2(N), BLOCK_H=cfg.block_h, BLOCK_D=cfg.block_d,
+            num_warps=cfg.num_warps,
         )
-    return dst, lse_out
+    return lse_out

@@ -16,6 +16,7 @@ import triton.language as tl
 
 from ._launch import bits, next_pow2, require_disjoint, require_runnable_device, search_steps
 from .merge_math import row_is_empty
+from .tuning import pack_launch
 from .wire import (
     check_head_split,
     check_output_and_lse,
@@ -81,15 +82,6 @@ def _lse_to_wire_kernel(
     tl.store(dst_ptr + (h // HPR) * s_dr + b * s_db + (h % HPR) * s_dj, lse, mask=h_ok)
 
 
-def _block_h(num_heads: int, head_dim: int) -> int:
-    # enough heads per program to keep a few thousand lanes in flight, never past H
-    return max(1, min(next_pow2(num_heads), max(1, 4096 // next_pow2(head_dim))))
-
-
-def _block_d(head_dim: int) -> int:
-    return min(next_pow2(head_dim), 1024)
-
-
 def _mask_args(seq_lens, query_start_loc, like: torch.Tensor):
     if seq_lens is None:
         dummy = like.new_zeros(1, dtype=torch.int32)
@@ -128,13 +120,14 @@ def pack_send(out, lse, send, world_size, h_per_rank, head_dim, lse_pack_dim,
         return
     require_runnable_device(out)
     sl, qsl, num_seqs, steps, has_mask = _mask_args(seq_lens, query_start_loc, out)
-    block_h = _block_h(H, D)
-    grid = (B, triton.cdiv(H, block_h))
+    cfg = pack_launch(B, H, D)
+    grid = (B, triton.cdiv(H, cfg.block_h))
     _pack_kernel[grid](
         bits(out), lse, bits(send), sl, qsl,
         B, H, hpr, D, num_seqs, steps,
         out.stride(0), out.stride(1), out.stride(2), lse.stride(0), lse.stride(1),
-        P=p, HAS_MASK=has_mask, BLOCK_H=block_h, BLOCK_D=_block_d(D),
+        P=p, HAS_MASK=has_mask, BLOCK_H=cfg.block_h, BLOCK_D=cfg.block_d,
+        num_warps=cfg.num_warps,
     )
 
 

@@ -38,6 +38,7 @@ import os
 import pickle
 import shutil
 import signal
+import sys
 import tempfile
 import threading
 import time
@@ -106,10 +107,20 @@ class RankContext:
         return Group(n, self.rank, self.process_group(n))
 
 
-def _watch_parent(parent_pid: int) -> None:
-    # Reparenting means the pool's owner is gone (even SIGKILL): leave no orphan behind.
+def _watch_owner(owner_pid: int) -> None:
+    # The pool's owner is gone (even SIGKILLed) when it no longer exists or when this rank was
+    # reparented (its parent is the owner under spawn, the fork server under forkserver, which
+    # exits with the owner): leave no orphan behind.
+    parent = os.getppid()
     while True:
-        if os.getppid() != parent_pid:
+        try:
+            os.kill(owner_pid, 0)
+            gone = os.getppid() != parent
+        except ProcessLookupError:
+            gone = True
+        except PermissionError:
+            gone = False
+        if gone:
             os._exit(3)
         time.sleep(0.5)
 
@@ -124,9 +135,11 @@ def _send(conn, obj) -> None:
 
 
 def _worker_main(rank, world_size, backend, store_addr, prefix, pg_timeout_s, subgroup_sizes,
-                 conn, stack_file, parent_pid, env):
+                 conn, stack_file, owner_pid, env, sys_path):
     os.environ.update(env)
-    threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True).start()
+    # tasks live in the owner's modules (test files, scripts): resolve them the way it does
+    sys.path[:0] = [p for p in sys_path if p not in sys.path]
+    threading.Thread(target=_watch_owner, args=(owner_pid,), daemon=True).start()
     fh = open(stack_file, "w")
     faulthandler.enable(file=fh, all_threads=True)  # a crash leaves its stack here too
     faulthandler.register(signal.SIGUSR1, file=fh, all_threads=True)
@@ -197,6 +210,18 @@ def _describe_exit(code) -> str:
     return f"exited with code {code}"
 
 
+def _mp_context(method: str):
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context(method)
+    if method == "forkserver":
+        # The fork server imports torch, Triton and dcp_a2a once; every rank after that is a
+        # fork of it (a clean, single-threaded process, like spawn) that starts in a fraction
+        # of a second instead of re-importing torch (~3 s of CPU per rank).
+        ctx.set_forkserver_preload(["torch", "torch.distributed", "dcp_a2a.procpool"])
+    return ctx
+
+
 class RankPool:
     """``world_size`` spawned ranks in one ``torch.distributed`` group, reused across tasks.
 
@@ -205,13 +230,16 @@ class RankPool:
     pg_timeout      the process group's timeout: a collective a peer never joins raises after it
     task_timeout    the parent's watchdog for one task (default for :meth:`run`)
     grace           after one rank fails, how long the others get to report before teardown
-    env             extra environment for the ranks (the caller's environment is inherited)
+    env             extra environment for the ranks (on top of the caller's environment at
+                    start; modules the fork server preloaded saw its environment at its start)
+    start_method    "forkserver" (default: fast restarts) or "spawn"
     """
 
     def __init__(self, world_size: int, *, backend: str = "gloo",
                  subgroup_sizes: Sequence[int] = (), pg_timeout: float = 20.0,
                  task_timeout: float = 60.0, startup_timeout: float = 180.0,
-                 grace: float = 2.0, env: dict | None = None):
+                 grace: float = 2.0, env: dict | None = None,
+                 start_method: str = "forkserver"):
         if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
             raise ValueError(f"world_size must be a positive int, got {world_size!r}")
         if backend not in ("gloo", "nccl"):
@@ -219,6 +247,9 @@ class RankPool:
         for n in subgroup_sizes:
             if not 1 <= n <= world_size:
                 raise ValueError(f"subgroup size {n} is not in [1, world_size={world_size}]")
+        if start_method not in ("forkserver", "spawn"):
+            raise ValueError(f"start_method must be 'forkserver' or 'spawn', got {start_method!r}")
+        self.start_method = start_method
         self.world_size = world_size
         self.backend = backend
         self.subgroup_sizes = tuple(sorted(set(subgroup_sizes)))
@@ -251,7 +282,7 @@ class RankPool:
         import torch.distributed as dist
         import torch.multiprocessing as mp
 
-        ctx = mp.get_context("spawn")
+        ctx = _mp_context(self.start_method)
         # The parent hosts the rendezvous store on a port the OS picks: no port races.
         self._store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
                                     timeout=timedelta(seconds=self.startup_timeout))
@@ -265,7 +296,7 @@ class RankPool:
                 target=_worker_main, name=f"dcp_a2a-rank{r}", daemon=True,
                 args=(r, self.world_size, self.backend, ("127.0.0.1", self._store.port), prefix,
                       self.pg_timeout, self.subgroup_sizes, child_end, self._stack_file(r),
-                      os.getpid(), self.env),
+                      os.getpid(), {**os.environ, **self.env}, list(sys.path)),
             )
             p.start()
             child_end.close()
@@ -420,12 +451,16 @@ class RankPool:
                 pass
         return stacks
 
-    @staticmethod
-    def _message(what, errors, silent, stacks, timeout) -> str:
+    def _message(self, what, errors, silent, stacks, timeout) -> str:
+        if errors:
+            late = (f"rank(s) {silent} were still busy {self.grace:g} s after the first "
+                    "failure (typically waiting in a collective for the failed rank)")
+        else:
+            late = f"rank(s) {silent} did not answer within {timeout:g} s"
         parts = [f"{what}: "
                  + ", ".join(filter(None, [
                      f"rank(s) {sorted(errors)} failed" if errors else "",
-                     f"rank(s) {silent} did not answer within {timeout:g} s" if silent else "",
+                     late if silent else "",
                  ]))
                  + " (the pool was torn down; the next task starts a fresh one)"]
         for r in sorted(errors):

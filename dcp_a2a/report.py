@@ -1,0 +1,261 @@
+"""Writing the validation report: ``validation.json``, ``validation.md``, ``ulp_<dtype>.png`` and
+the one-screen terminal summary. The fields are documented in docs/validate.md."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from .validate import as_plain
+
+STATUS_MARK = {"passed": "PASS", "failed": "FAIL", "skipped": "SKIP", "no tests": "EMPTY",
+               "not run": "--"}
+
+
+def fmt_ratio(r) -> str:
+    if r is None:
+        return "-"
+    r = float(r)
+    if math.isinf(r):
+        return "inf"
+    return f"{r:.3g}"
+
+
+def fmt_headroom(h) -> str:
+    if h is None:
+        return "-"
+    h = float(h)
+    if math.isinf(h):
+        return "exact"
+    return f"{h:.3f}x" if h < 10 else f"{h:.3g}x"
+
+
+def fmt_time(s: float) -> str:
+    if s < 60:
+        return f"{s:.1f}s"
+    return f"{int(s // 60)}m{s % 60:04.1f}s"
+
+
+# --------------------------------------------------------------------------- terminal summary
+
+def summary_table(report: dict) -> str:
+    """The one-screen summary printed at the end of a run."""
+    rows = [("tier", "status", "cases", "pass", "fail", "skip", "err/tol", "headroom", "time")]
+    notes = []
+    for t in report["tiers"]:
+        if t["status"] == "not run":
+            notes.append(f"  {t['name']:<12} not run: {t['reason']}"
+                         + (f" ({t['not_run']} tests)" if t["not_run"] else ""))
+            continue
+        rows.append((t["name"], STATUS_MARK.get(t["status"], t["status"]), str(t["cases"]),
+                     str(t["passed"] + t["xpassed"]), str(t["failed"]),
+                     str(t["skipped"] + t["xfailed"]), fmt_ratio(t["worst_ratio"]),
+                     fmt_headroom(t["headroom"]), fmt_time(t["time_s"])))
+        extra = []
+        if t["not_run"]:
+            extra.append(f"{t['not_run']} tests need a tier that cannot run here")
+        if t["left_out"]:
+            extra.append(f"{t['left_out']} left out by --quick")
+        if t["status"] in ("skipped", "no tests") and t.get("reason"):
+            extra.append(t["reason"])
+        if extra:
+            notes.append(f"  {t['name']:<12} " + "; ".join(extra))
+    for e in report.get("evals", []):
+        if e["status"] == "not run":
+            notes.append(f"  {'evals:' + e['name']:<12} not run: {e['reason']}")
+        else:
+            rows.append(("evals:" + e["name"], STATUS_MARK.get(e["status"], e["status"]), "1",
+                         str(int(e["status"] == "passed")), str(int(e["status"] == "failed")),
+                         "0", "-", "-", fmt_time(e["wall_s"])))
+    tot = report["totals"]
+    rows.append(("total", "PASS" if report["ok"] else "FAIL", str(tot["cases"]),
+                 str(tot["passed"] + tot["xpassed"]),
+                 str(tot["failed"] + tot["error"]), str(tot["skipped"] + tot["xfailed"]),
+                 fmt_ratio(report.get("worst_ratio")), fmt_headroom(report.get("headroom")),
+                 fmt_time(report["wall_s"])))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = []
+    for k, r in enumerate(rows):
+        cells = [r[0].ljust(widths[0]), r[1].ljust(widths[1])] + [
+            c.rjust(w) for c, w in zip(r[2:], widths[2:])]
+        lines.append("  ".join(cells))
+        if k == 0 or k == len(rows) - 2:
+            lines.append("  ".join("-" * w for w in widths))
+    m = report["machine"]
+    head = (f"dcp-a2a validate  impl={report['options']['impl']}  device={m['device']}"
+            f" (x{m['cuda_device_count']})  torch {m['torch']}  triton {m['triton']}"
+            f" ({m['triton_mode']})" + ("  [quick]" if report["options"]["quick"] else ""))
+    out = [head, ""] + lines
+    if notes:
+        out += [""] + notes
+    fails = report.get("failures", [])
+    if fails:
+        out += ["", f"failures ({len(fails)}):"]
+        for f in fails[:10]:
+            first = _first_error_line(f.get("text", ""))
+            out.append(f"  {f['outcome'].upper():5} {f['nodeid']}" + (f"\n        {first}" if first else ""))
+        if len(fails) > 10:
+            out.append(f"  ... and {len(fails) - 10} more (see validation.md)")
+    for r in report.get("runs", []):
+        if r.get("problem"):
+            out.append(f"\npytest session '{r['name']}': {r['problem']} (log: {r['log']})")
+    out += ["", "time: err/tol = worst error / tolerance over the merge checks (headroom = 1/that);"
+            " time per tier = summed test durations, total = wall clock",
+            f"report: {report['paths']['markdown']}  {report['paths']['json']}"
+            + "".join(f"  {p}" for p in report["paths"]["png"].values())]
+    return "\n".join(out)
+
+
+def _first_error_line(text: str) -> str:
+    lines = [ln.strip() for ln in (text or "").splitlines() if ln.strip()]
+    for ln in lines:
+        if ln.startswith("E "):
+            return ln[:160]
+    return lines[-1][:160] if lines else ""
+
+
+# --------------------------------------------------------------------------- PNG per dtype
+
+def plot_ulp_histograms(dtypes: dict, out_dir: Path) -> dict[str, str]:
+    """``ulp_<dtype>.png``: per-element output errors in ulps of the dtype (summed over every
+    merge check of the run), one series per bound kind, with the rounding tolerance line."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return {}
+    from . import tolerances as tol
+
+    t = tol.load()
+    paths = {}
+    for dt, d in dtypes.items():
+        edges = d["bin_edges"]
+        n = len(edges) - 1
+        labels = [_bin_label(edges[i], edges[i + 1]) for i in range(n)]
+        try:
+            rounding = float(t["a2a"][dt]["output"]["rounding_ulps"])
+        except KeyError:
+            rounding = None
+        fig, ax = plt.subplots(figsize=(10, 4.2), dpi=110)
+        kinds = sorted(d["histogram"])
+        width = 0.8 / max(len(kinds), 1)
+        for k, kind in enumerate(kinds):
+            counts = d["histogram"][kind]
+            xs = [i - 0.4 + width * (k + 0.5) for i in range(n)]
+            mx = (d.get("max_ulp_err_by_kind") or {}).get(kind)
+            ax.bar(xs, counts, width=width, color=_KIND_COLORS.get(kind),
+                   label=f"{kind}: {sum(counts):,} elements"
+                         + (f", max {mx:.3g} ulp" if mx is not None else "")
+                         + (" (bound adds ~N ulp: sums in the dtype)" if kind == "ag_rs" else ""))
+        ax.set_yscale("symlog", linthresh=1)
+        ax.set_xticks(range(n))
+        ax.set_xticklabels(labels, rotation=60, ha="right", fontsize=7)
+        ax.set_xlabel(f"|error| in ulps of {dt} (vs the float64 oracle)")
+        ax.set_ylabel("elements")
+        if rounding is not None and rounding in edges:
+            x = edges.index(rounding) - 0.5
+            ax.axvline(x, color="crimson", linestyle="--", linewidth=1.5,
+                       label=f"a2a tolerance: {rounding:g} ulp (+ tiny fp32 term)")
+        ax.set_title(f"{dt}: output error distribution over {d['checks']} merge checks; "
+                     f"worst err/tol {fmt_ratio(d['worst_ratio'])}", fontsize=10)
+        ax.legend(fontsize=8)
+        ax.grid(axis="y", alpha=0.3)
+        fig.tight_layout()
+        p = out_dir / f"ulp_{dt}.png"
+        fig.savefig(p)
+        plt.close(fig)
+        paths[dt] = str(p)
+    return paths
+
+
+_KIND_COLORS = {"a2a": "tab:blue", "ag_rs": "tab:orange"}
+
+
+def _bin_label(lo: float, hi: float) -> str:
+    return f"[{lo:g},{'inf' if math.isinf(hi) else f'{hi:g}'})"
+
+
+# --------------------------------------------------------------------------- files
+
+def write_json(report: dict, path: Path) -> None:
+    path.write_text(json.dumps(as_plain(report), indent=1) + "\n")
+
+
+def write_markdown(report: dict, path: Path) -> None:
+    m = report["machine"]
+    o = report["options"]
+    L = [f"# dcp_a2a validation — {'PASSED' if report['ok'] else 'FAILED'}", ""]
+    L.append(f"{report['started_at']} · wall {fmt_time(report['wall_s'])} · exit status "
+             f"{report['exit_status']} · impl `{o['impl']}`" + (" · quick subset" if o["quick"] else ""))
+    L += ["", "## Machine", "", "| | |", "|---|---|"]
+    gpus = ", ".join(f"{g['name']} ({g['memory_gib']} GiB)" for g in m["gpus"]) or "none"
+    for k, v in [("host", f"{m['hostname']} · {m['platform']} · {m['cpu_count']} CPUs"),
+                 ("python", m["python"]), ("torch", f"{m['torch']} (CUDA {m['torch_cuda']})"),
+                 ("triton", f"{m['triton']} · {m['triton_mode']} (TRITON_INTERPRET="
+                            f"{m['TRITON_INTERPRET']})"),
+                 ("GPUs", f"{m['cuda_device_count']}: {gpus}"),
+                 ("eval model", m["eval_model"] or "not found"),
+                 ("GSM8K", f"{m['gsm8k_dir']} ({'present' if m['gsm8k_present'] else 'absent'})"),
+                 ("commit", m["git_commit"] or "-"),
+                 ("command", "`" + " ".join(report["command"]) + "`")]:
+        L.append(f"| {k} | {v} |")
+    L += ["", "## Tiers", "",
+          "| tier | status | cases | passed | failed | skipped | not run | worst err/tol | "
+          "headroom | time | worst case |",
+          "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|---|"]
+    for t in report["tiers"]:
+        wc = t.get("worst_case") or {}
+        wcs = (f"`{wc['nodeid']}` ({wc['dtype']}, {wc['kind']}, N={wc['world_size']})"
+               if wc else "")
+        status = t["status"] + (f": {t['reason']}" if t.get("reason") else "")
+        L.append(f"| {t['name']} | {status} | {t['cases']} | {t['passed'] + t['xpassed']} | "
+                 f"{t['failed']} | {t['skipped'] + t['xfailed']} | {t['not_run']} | "
+                 f"{fmt_ratio(t['worst_ratio'])} | {fmt_headroom(t['headroom'])} | "
+                 f"{fmt_time(t['time_s'])} | {wcs} |")
+    tot = report["totals"]
+    L.append(f"| **total** | {'passed' if report['ok'] else 'FAILED'} | {tot['cases']} | "
+             f"{tot['passed'] + tot['xpassed']} | {tot['failed'] + tot['error']} "
+             f"| {tot['skipped'] + tot['xfailed']} | | {fmt_ratio(report.get('worst_ratio'))} | "
+             f"{fmt_headroom(report.get('headroom'))} | {fmt_time(report['wall_s'])} (wall) | |")
+    L += ["", "A test in several tiers (kernel + conformance) runs once and counts in each row; "
+          "the total counts tests. Tier time is the sum of its tests' durations; the total is "
+          "wall-clock. err/tol is the worst per-element error over the tolerance of "
+          "tolerances.yaml across the tier's merge checks; headroom = tol/err."]
+    if report.get("evals"):
+        L += ["", "## End-to-end evals", "", "| job | status | time | result |", "|---|---|--:|---|"]
+        for e in report["evals"]:
+            res = e.get("result_file") or ""
+            st = e["status"] + (f": {e['reason']}" if e.get("reason") else "")
+            L.append(f"| {e['name']} | {st} | {fmt_time(e['wall_s'])} | {res} |")
+    if report["dtypes"]:
+        L += ["", "## Errors per dtype (output, in ulps of the dtype)", "",
+              "| dtype | checks | elements | max ulp | worst err/tol | headroom | would pass "
+              "upstream 3e-2-style check | plot |", "|---|--:|--:|--:|--:|--:|--:|---|"]
+        for dt, d in report["dtypes"].items():
+            png = report["paths"]["png"].get(dt)
+            L.append(f"| {dt} | {d['checks']} | {d['elements']:,} | {d['max_ulp_err']:.3g} | "
+                     f"{fmt_ratio(d['worst_ratio'])} | {fmt_headroom(d['headroom'])} | "
+                     f"{d['upstream_would_pass']}/{d['checks']} | "
+                     + (f"![{dt}]({Path(png).name})" if png else "-") + " |")
+    fails = report.get("failures", [])
+    if fails:
+        L += ["", f"## Failures ({len(fails)})", ""]
+        for f in fails[:50]:
+            L += [f"### {f['outcome']}: `{f['nodeid']}`", "", "```",
+                  (f.get("text") or "").strip()[-3000:], "```", ""]
+    skips = {}
+    for t in report["tiers"]:
+        for r, c in (t.get("skip_reasons") or {}).items():
+            skips[r] = max(skips.get(r, 0), c)
+    if skips:
+        L += ["", "## Skip reasons", "", "| tests | reason |", "|--:|---|"]
+        for r, c in sorted(skips.items(), key=lambda kv: -kv[1]):
+            L.append(f"| {c} | {r.replace('|', '/')} |")
+    L += ["", "## pytest sessions", ""]
+    for r in report.get("runs", []):
+        L.append(f"- `{r['name']}`: tiers {', '.join(r['tiers'])}; exit {r['exit_status']}; "
+                 f"{fmt_time(r['wall_s'])}; log `{r['log']}`"
+                 + (f"; **{r['problem']}**" if r.get("problem") else ""))
+    path.write_text("\n".join(L) + "\n")

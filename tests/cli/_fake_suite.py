@@ -1,0 +1,142 @@
+"""A tiny synthetic suite (written into a temp dir) whose outcomes are known in advance, so the
+validate pipeline can be checked end to end in a few seconds."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+PYTEST_INI = """\
+[pytest]
+markers =
+    unit: u
+    kernel: k
+    multiproc: m
+    conformance: c
+    numerics: n
+    gpu: g
+    multigpu: mg
+    e2e: e
+    slow: s
+"""
+
+CONFTEST = '''\
+import pytest
+
+
+def pytest_addoption(parser):
+    parser.addoption("--impl", default=None)
+
+
+@pytest.fixture
+def merge_report(request):
+    def _rec(dtype, kind, ratio, hist, ulp):
+        request.node.user_properties.append(("merge_report", {
+            "dtype": dtype, "world_size": 2, "base": "e", "kind": kind,
+            "output": {"quantity": "output", "elements": sum(hist), "max_abs_err": 0.0,
+                       "max_ulp_err": ulp, "worst_ratio": ratio, "failures": int(ratio > 1),
+                       "upstream_ok": True},
+            "lse": None, "ulp_histogram": hist, "ok": ratio <= 1, "worst_ratio": ratio}))
+    return _rec
+'''
+
+NBINS = 25
+
+
+def hist(*pairs) -> list[int]:
+    h = [0] * NBINS
+    for i, c in pairs:
+        h[i] = c
+    return h
+
+
+UNIT = f'''\
+import pytest
+
+pytestmark = pytest.mark.unit
+
+
+def test_pass():
+    pass
+
+
+@pytest.mark.parametrize("x", [1, 2, 3])
+def test_param(x):
+    assert x > 0
+
+
+@pytest.mark.slow
+def test_slow_one():
+    pass
+
+
+@pytest.mark.kernel
+@pytest.mark.conformance
+def test_both_tiers(merge_report):
+    merge_report("bfloat16", "a2a", 0.25, {hist((0, 90), (9, 10))!r}, 0.45)
+'''
+
+KERNEL_PASS = f'''\
+import pytest
+
+
+def test_unmarked_in_kernel_dir(merge_report):
+    merge_report("float16", "a2a", 0.5, {hist((0, 40), (5, 2))!r}, 0.3)
+    merge_report("float16", "ag_rs", 0.125, {hist((12, 7))!r}, 0.6)
+
+
+@pytest.mark.gpu
+@pytest.mark.kernel
+def test_needs_gpu():
+    pass
+'''
+
+KERNEL_FAIL = f'''\
+import pytest
+
+pytestmark = pytest.mark.kernel
+
+
+def test_too_far(merge_report):
+    merge_report("float16", "a2a", 2.0, {hist((10, 1))!r}, 0.6)
+    assert False, "merge check: 1 of 1 elements over the bound"
+'''
+
+NUMERICS = '''\
+import pytest
+
+pytestmark = pytest.mark.numerics
+
+
+def test_cannot_run_here():
+    pytest.skip("needs something absent")
+'''
+
+MULTIGPU = '''\
+import pytest
+
+
+@pytest.mark.multigpu
+def test_nccl():
+    pass
+'''
+
+STRAY = '''\
+def test_in_no_tier():
+    pass
+'''
+
+
+def write_suite(root: Path, *, failing: bool) -> Path:
+    t = root / "tests"
+    for sub in ("unit", "kernel", "numerics", "multigpu", "misc"):
+        (t / sub).mkdir(parents=True, exist_ok=True)
+    (root / "pytest.ini").write_text(PYTEST_INI)
+    (t / "conftest.py").write_text(CONFTEST)
+    (t / "unit" / "test_u.py").write_text(UNIT)
+    (t / "kernel" / "test_k.py").write_text(KERNEL_PASS)
+    if failing:
+        (t / "kernel" / "test_kfail.py").write_text(KERNEL_FAIL)
+    (t / "numerics" / "test_n.py").write_text(NUMERICS)
+    (t / "multigpu" / "test_mg.py").write_text(MULTIGPU)
+    (t / "misc" / "test_stray.py").write_text(STRAY)
+    return root

@@ -1,0 +1,119 @@
+"""Machine detection -> tier plan, and the summarising logic, on synthetic inputs."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from dcp_a2a import validate as val
+from dcp_a2a.cli import run_problem
+
+pytestmark = pytest.mark.unit
+
+
+def machine(n_gpu=0, cuda=None, evals_ok=False):
+    return {"cuda_device_count": n_gpu, "torch": "2.x", "torch_cuda": cuda,
+            "distributed": {"available": True, "gloo": True, "nccl": n_gpu > 0},
+            "eval_model": "/m.gguf" if evals_ok else None, "gsm8k_present": evals_ok,
+            "gsm8k_dir": "/d", "modules": {"xdist": True}}
+
+
+def runs(plans):
+    return {p.name: (p.run, p.reason) for p in plans}
+
+
+def test_cpu_machine_runs_cpu_tiers_and_names_the_rest():
+    p = runs(val.plan_tiers(machine(), None, evals=False))
+    assert all(p[t][0] for t in val.CPU_TIERS)
+    assert p["gpu"] == (False, "no CUDA GPU (torch 2.x is a CPU build)")
+    assert p["multigpu"] == (False, "needs >= 2 CUDA GPUs, found 0")
+    assert p["e2e"] == (False, "not requested (pass --evals)")
+
+
+@pytest.mark.parametrize("n_gpu,gpu,multigpu", [(1, True, False), (4, True, True)])
+def test_gpu_machines(n_gpu, gpu, multigpu):
+    p = runs(val.plan_tiers(machine(n_gpu, cuda="12.8"), None, evals=True))
+    assert (p["gpu"][0], p["multigpu"][0], p["e2e"][0]) == (gpu, multigpu, True)
+
+
+def test_multigpu_gets_its_own_serial_session():
+    plans = val.plan_tiers(machine(4, cuda="12.8"), None, evals=False)
+    rs = val.plan_runs(plans, "auto")
+    assert [r.name for r in rs] == ["main", "multigpu"]
+    assert "multigpu" in rs[0].exclude and "e2e" in rs[0].exclude
+    assert rs[1].workers is None
+
+
+def test_explicit_tiers_and_quick():
+    p = runs(val.plan_tiers(machine(), ["unit", "gpu"], evals=False))
+    assert p["unit"][0] and not p["kernel"][0] and not p["gpu"][0]
+    assert p["kernel"][1] == "not selected (--tiers)"
+    q = runs(val.plan_tiers(machine(), None, evals=False, quick=True))
+    assert [t for t in val.TIERS if q[t][0]] == list(val.QUICK_TIERS)
+    assert q["multiproc"][1] == "not in the quick subset"
+
+
+def rec(nodeid, outcome, tiers, merges=(), text="", duration=1.0):
+    return {"nodeid": nodeid, "outcome": outcome, "tiers": list(tiers), "text": text,
+            "duration": duration, "merge_reports": list(merges)}
+
+
+def mr(dtype, ratio, kind="a2a", hist=None):
+    return {"dtype": dtype, "kind": kind, "world_size": 4, "base": "e", "worst_ratio": ratio,
+            "ok": ratio <= 1, "ulp_histogram": hist or [1] + [0] * 24,
+            "output": {"elements": sum(hist or [1]), "max_ulp_err": 0.5 * ratio,
+                       "upstream_ok": True}}
+
+
+def test_statuses_and_headroom():
+    plans = val.plan_tiers(machine(), None, evals=False)
+    records = [
+        rec("a", "passed", ["unit"]),
+        rec("b", "error", ["kernel", "conformance"], [mr("float16", 0.5)]),
+        rec("c", "passed", ["kernel"], [mr("float16", math.inf)]),
+        rec("d", "skipped", ["numerics"], text="no scipy"),
+        rec("e", "xfailed", ["numerics"]),
+    ]
+    s = {t.name: t for t in val.summarise_tiers(plans, records, [])}
+    assert (s["unit"].status, s["kernel"].status, s["conformance"].status) == (
+        "passed", "failed", "failed")
+    assert s["kernel"].errors == 1 and s["kernel"].worst_ratio == math.inf
+    assert s["kernel"].headroom == 0.0 and s["conformance"].headroom == 2.0
+    assert s["numerics"].status == "skipped" and s["numerics"].reason == "no scipy"
+    assert s["multiproc"].status == "no tests"
+    assert s["gpu"].status == "not run" and s["gpu"].cases == 0
+
+
+def test_exact_results_have_infinite_headroom():
+    assert val.headroom(0.0) == math.inf and val.headroom(None) is None
+    assert val.as_plain({"x": math.inf, "y": [math.nan]}) == {"x": "inf", "y": ["nan"]}
+
+
+def test_dtype_summary_uses_real_merge_reports():
+    torch = pytest.importorskip("torch")
+    from dcp_a2a.compare import check_merge
+    from reference import lse_weighted_combine
+
+    g = torch.Generator().manual_seed(0)
+    outs = torch.randn(3, 2, 4, 8, generator=g).to(torch.bfloat16)
+    lses = torch.randn(3, 2, 4, generator=g) * 4
+    exact = lse_weighted_combine(outs, lses).to(torch.bfloat16)
+    rep = check_merge(exact, None, outs, lses).as_dict()
+    d = val.summarise_dtypes([rec("t", "passed", ["kernel"], [rep, rep])])["bfloat16"]
+    assert d["checks"] == 2 and sum(d["histogram"]["a2a"]) == 2 * exact.numel()
+    assert d["worst_ratio"] == rep["worst_ratio"] <= 1
+
+
+class _Res:
+    def __init__(self, code, records, session=True):
+        self.exit_status, self.records = code, records
+        self.session = {"exitstatus": code} if session else {}
+
+
+def test_run_problems():
+    assert run_problem(_Res(0, [rec("a", "passed", [])])) is None
+    assert run_problem(_Res(1, [rec("a", "failed", [])])) is None
+    assert run_problem(_Res(1, [rec("a", "passed", [])])) is not None
+    assert run_problem(_Res(4, [])) == "usage error"
+    assert run_problem(_Res(0, [], session=False)) is not None

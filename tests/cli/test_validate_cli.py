@@ -1,0 +1,131 @@
+"""``dcp-a2a validate`` end to end on a synthetic suite whose outcomes are known in advance:
+tier attribution, statuses, headroom, exit status and the files written."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from dcp_a2a import cli
+
+from ._fake_suite import write_suite
+
+pytestmark = pytest.mark.unit
+
+CPU_TIERS = "unit,kernel,multiproc,conformance,numerics"
+
+
+def _validate(tmp_path, *args, failing):
+    suite = write_suite(tmp_path / "suite", failing=failing)
+    out = tmp_path / "report"
+    code = cli.main(["validate", "--suite", str(suite), "--out", str(out), "-j", "0",
+                     "--no-progress", *args])
+    return code, json.loads((out / "validation.json").read_text()), out
+
+
+@pytest.fixture(scope="module")
+def failing_run(tmp_path_factory):
+    return _validate(tmp_path_factory.mktemp("fail"), "--tiers", CPU_TIERS, failing=True)
+
+
+def _tier(report, name):
+    return next(t for t in report["tiers"] if t["name"] == name)
+
+
+def test_failure_gives_nonzero_exit_and_is_listed(failing_run):
+    code, rep, _ = failing_run
+    assert code == cli.EXIT_FAILED and rep["ok"] is False
+    assert [f["nodeid"] for f in rep["failures"]] == ["tests/kernel/test_kfail.py::test_too_far"]
+    assert "over the bound" in rep["failures"][0]["text"]
+
+
+def test_tiers_counted_from_markers_and_directories(failing_run):
+    _, rep, _ = failing_run
+    unit, kernel, conf = (_tier(rep, n) for n in ("unit", "kernel", "conformance"))
+    # unit: test_pass, 3 params, slow, and the kernel+conformance test also marked unit
+    assert (unit["status"], unit["cases"], unit["passed"], unit["failed"]) == ("passed", 6, 6, 0)
+    # kernel: the marked test, the unmarked test in tests/kernel/, the failing one; the
+    # gpu-marked kernel test cannot run here and is counted as not run, never as passed
+    assert (kernel["status"], kernel["cases"], kernel["passed"], kernel["failed"],
+            kernel["not_run"]) == ("failed", 3, 2, 1, 1)
+    assert (conf["status"], conf["cases"], conf["passed"]) == ("passed", 1, 1)
+    # each test ran once: the total counts tests, not tier memberships
+    assert rep["totals"]["cases"] == 6 + 2 + 1
+
+
+def test_headroom_is_worst_ratio_inverted(failing_run):
+    _, rep, _ = failing_run
+    kernel, conf = _tier(rep, "kernel"), _tier(rep, "conformance")
+    assert kernel["worst_ratio"] == 2.0 and kernel["headroom"] == 0.5
+    assert kernel["worst_case"]["nodeid"].endswith("test_too_far")
+    assert conf["worst_ratio"] == 0.25 and conf["headroom"] == 4.0
+    assert _tier(rep, "unit")["headroom"] == 4.0  # its one merge check is the shared test's
+
+
+def test_all_skipped_tier_is_skipped_not_passed(failing_run):
+    _, rep, _ = failing_run
+    num = _tier(rep, "numerics")
+    assert (num["status"], num["skipped"], num["passed"]) == ("skipped", 1, 0)
+    assert num["reason"] == "needs something absent"
+    assert _tier(rep, "multiproc")["status"] == "no tests"
+
+
+def test_tiers_that_cannot_run_are_listed_with_reason(failing_run):
+    _, rep, _ = failing_run
+    for name in ("gpu", "multigpu", "e2e"):
+        t = _tier(rep, name)
+        assert t["status"] == "not run" and t["reason"] and t["passed"] == 0
+    assert _tier(rep, "gpu")["not_run"] == 1 and _tier(rep, "multigpu")["not_run"] == 1
+    assert rep["untiered_tests"] == ["tests/misc/test_stray.py::test_in_no_tier"]
+
+
+def test_ulp_histograms_summed_per_dtype_and_kind(failing_run):
+    _, rep, out = failing_run
+    f16 = rep["dtypes"]["float16"]
+    assert f16["checks"] == 3
+    a2a = f16["histogram"]["a2a"]
+    assert (a2a[0], a2a[5], a2a[10], sum(a2a)) == (40, 2, 1, 43)
+    assert f16["histogram"]["ag_rs"][12] == 7
+    assert f16["worst_ratio"] == 2.0 and f16["failing_checks"] == 1
+    assert math.isclose(f16["max_ulp_err_by_kind"]["ag_rs"], 0.6)
+    assert rep["dtypes"]["bfloat16"]["checks"] == 1
+    for dt in ("float16", "bfloat16"):
+        png = out / f"ulp_{dt}.png"
+        assert png.is_file() and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_markdown_and_machine_info(failing_run):
+    _, rep, out = failing_run
+    md = (out / "validation.md").read_text()
+    assert "FAILED" in md and "test_too_far" in md and "| numerics | skipped" in md
+    m = rep["machine"]
+    for key in ("torch", "triton", "TRITON_INTERPRET", "device", "cuda_device_count"):
+        assert key in m
+    assert rep["options"]["impl"] == "dcp_a2a"
+
+
+def test_quick_subset_and_passing_exit(tmp_path):
+    code, rep, _ = _validate(tmp_path, "--quick", "--tiers", "unit,kernel", failing=False)
+    assert code == cli.EXIT_OK and rep["ok"]
+    unit = _tier(rep, "unit")
+    # first parametrisation only, slow dropped: test_pass, test_param[1], test_both_tiers
+    assert (unit["cases"], unit["left_out"]) == (3, 3)
+    ids = {t["nodeid"] for t in rep["tests"]}
+    assert "tests/unit/test_u.py::test_param[1]" in ids
+    assert "tests/unit/test_u.py::test_param[2]" not in ids
+    assert _tier(rep, "numerics")["status"] == "not run"
+
+
+def test_unknown_tier_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.main(["validate", "--tiers", "unit,nope"])
+    assert e.value.code == 2
+    assert "nope" in capsys.readouterr().err
+
+
+def test_bad_impl_is_a_usage_error(tmp_path, capsys):
+    code = cli.main(["validate", "--impl", "no_such_module_xyz", "--out", str(tmp_path)])
+    assert code == cli.EXIT_USAGE
+    assert "no_such_module_xyz" in capsys.readouterr().err
