@@ -298,12 +298,15 @@ def validate(args) -> int:
     }
     if not args.no_plots and dtypes:
         report["paths"]["png"] = rep.plot_ulp_histograms(dtypes, out_dir)
+        if not report["paths"]["png"]:
+            print("note: matplotlib is not installed, no PNGs (pip install -e .[report])",
+                  file=sys.stderr)
     report["wall_s"] = time.monotonic() - t_start
     rep.write_json(report, out_dir / "validation.json")
     rep.write_markdown(report, out_dir / "validation.md")
     print(rep.summary_table(report), flush=True)
     if untiered:
-        print(f"note: {len(untiered)} tests carry no tier marker and sit in no tests/<tier>/ "
+        print(f"note: {len(untiered)} test(s) carry no tier marker and sit in no tests/<tier>/ "
               f"directory; they were not run (listed in validation.json: untiered_tests)")
     if requested_not_run:
         print(f"asked for but cannot run here: {', '.join(requested_not_run)} (exit status 3)")

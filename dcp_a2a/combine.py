@@ -59,6 +59,8 @@ def _combine_kernel(
                          s_dn, s_db, s_dh, s_ln, s_lb, s_lh, D, LSE_LANES)
     scale, g = merge_weights(lse, BASE_E)
 
+    # One rank at a time over a [BLOCK_H, BLOCK_D] tile. (Loading all N ranks as one
+    # [BLOCK_N, BLOCK_H, BLOCK_D] tile was tried: slower at every shape; docs/perf.md.)
     out_row = (b * HPR + h) * D
     for d0 in range(0, D, BLOCK_D):
         d = d0 + tl.arange(0, BLOCK_D)

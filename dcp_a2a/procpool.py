@@ -259,6 +259,7 @@ class RankPool:
         self.grace = float(grace)
         self.env = {"OMP_NUM_THREADS": "1", **(env or {})}
         self.starts = 0          # how many times the ranks were (re)started
+        self.spawned_pids: list[int] = []  # every rank process this pool ever started
         self._procs: list = []
         self._conns: list = []
         self._store = None
@@ -299,6 +300,7 @@ class RankPool:
                       os.getpid(), {**os.environ, **self.env}, list(sys.path)),
             )
             p.start()
+            self.spawned_pids.append(p.pid)
             child_end.close()
             self._procs.append(p)
             self._conns.append(parent_end)

@@ -19,7 +19,7 @@ def fmt_ratio(r) -> str:
     r = float(r)
     if math.isinf(r):
         return "inf"
-    return f"{r:.3g}"
+    return f"{r:.3f}" if r < 10 else f"{r:.3g}"
 
 
 def fmt_headroom(h) -> str:
@@ -46,7 +46,7 @@ def summary_table(report: dict) -> str:
     for t in report["tiers"]:
         if t["status"] == "not run":
             notes.append(f"  {t['name']:<12} not run: {t['reason']}"
-                         + (f" ({t['not_run']} tests)" if t["not_run"] else ""))
+                         + (f" ({_n(t['not_run'], 'test')})" if t["not_run"] else ""))
             continue
         rows.append((t["name"], STATUS_MARK.get(t["status"], t["status"]), str(t["cases"]),
                      str(t["passed"] + t["xpassed"]), str(t["failed"]),
@@ -54,7 +54,7 @@ def summary_table(report: dict) -> str:
                      fmt_headroom(t["headroom"]), fmt_time(t["time_s"])))
         extra = []
         if t["not_run"]:
-            extra.append(f"{t['not_run']} tests need a tier that cannot run here")
+            extra.append(f"{_n(t['not_run'], 'test')} not run: also in a tier that cannot run here")
         if t["left_out"]:
             extra.append(f"{t['left_out']} left out by --quick")
         if t["status"] in ("skipped", "no tests") and t.get("reason"):
@@ -91,12 +91,18 @@ def summary_table(report: dict) -> str:
         out += [""] + notes
     fails = report.get("failures", [])
     if fails:
-        out += ["", f"failures ({len(fails)}):"]
-        for f in fails[:10]:
-            first = _first_error_line(f.get("text", ""))
-            out.append(f"  {f['outcome'].upper():5} {f['nodeid']}" + (f"\n        {first}" if first else ""))
-        if len(fails) > 10:
-            out.append(f"  ... and {len(fails) - 10} more (see validation.md)")
+        out += ["", f"failures ({len(fails)}), grouped by their first error line:"]
+        groups: dict[str, list] = {}
+        for f in fails:
+            groups.setdefault(_first_error_line(f.get("text", "")), []).append(f)
+        for k, (line, fs) in enumerate(sorted(groups.items(), key=lambda kv: -len(kv[1]))):
+            if k == 8:
+                out.append(f"  ... {len(groups) - 8} more kinds (see validation.md)")
+                break
+            more = f" (+{len(fs) - 1} more like it)" if len(fs) > 1 else ""
+            out.append(f"  {fs[0]['outcome'].upper():5} {fs[0]['nodeid']}{more}")
+            if line:
+                out.append(f"        {line}")
     for r in report.get("runs", []):
         if r.get("problem"):
             out.append(f"\npytest session '{r['name']}': {r['problem']} (log: {r['log']})")
@@ -107,11 +113,15 @@ def summary_table(report: dict) -> str:
     return "\n".join(out)
 
 
+def _n(k: int, noun: str) -> str:
+    return f"{k} {noun}" + ("" if k == 1 else "s")
+
+
 def _first_error_line(text: str) -> str:
     lines = [ln.strip() for ln in (text or "").splitlines() if ln.strip()]
     for ln in lines:
         if ln.startswith("E "):
-            return ln[:160]
+            return ln[1:].strip()[:160]
     return lines[-1][:160] if lines else ""
 
 
@@ -131,7 +141,7 @@ def plot_ulp_histograms(dtypes: dict, out_dir: Path) -> dict[str, str]:
     t = tol.load()
     paths = {}
     for dt, d in dtypes.items():
-        edges = d["bin_edges"]
+        edges = [float(e) for e in d["bin_edges"]]
         n = len(edges) - 1
         labels = [_bin_label(edges[i], edges[i + 1]) for i in range(n)]
         try:
@@ -173,7 +183,8 @@ def plot_ulp_histograms(dtypes: dict, out_dir: Path) -> dict[str, str]:
 _KIND_COLORS = {"a2a": "tab:blue", "ag_rs": "tab:orange"}
 
 
-def _bin_label(lo: float, hi: float) -> str:
+def _bin_label(lo, hi) -> str:
+    lo, hi = float(lo), float(hi)
     return f"[{lo:g},{'inf' if math.isinf(hi) else f'{hi:g}'})"
 
 

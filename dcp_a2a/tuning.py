@@ -33,7 +33,9 @@ def pack_launch(batch: int, heads: int, head_dim: int) -> Launch:
     block_d = min(next_pow2(head_dim), 1024)
     if _env.INTERPRET:  # numpy: bigger tiles, fewer programs
         return Launch(_fit(4096 // block_d, heads), block_d, 4)
-    return Launch(_fit(max(1, 4096 // block_d), heads), block_d, 4)
+    if batch * heads <= 1024:  # decode: many small programs for latency
+        return Launch(_fit(max(1, 1024 // block_d), heads), block_d, 2)
+    return Launch(_fit(max(1, 8192 // block_d), heads), block_d, 8)
 
 
 def combine_launch(ranks: int, batch: int, heads: int, head_dim: int) -> Launch:
@@ -43,4 +45,6 @@ def combine_launch(ranks: int, batch: int, heads: int, head_dim: int) -> Launch:
     block_d = min(next_pow2(head_dim), 512)
     if _env.INTERPRET:
         return Launch(_fit(4096 // block_d, heads), block_d, 4)
+    if batch * heads <= 256:  # decode: one head per program, more warps for latency
+        return Launch(1, block_d, 8)
     return Launch(_fit(max(1, 4096 // block_d), heads), block_d, 4)

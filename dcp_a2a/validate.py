@@ -40,8 +40,10 @@ TIERS = ("unit", "kernel", "multiproc", "conformance", "numerics", "gpu", "multi
 CPU_TIERS = ("unit", "kernel", "multiproc", "conformance", "numerics")
 # tiers whose tests need something this machine may lack; their tests never run elsewhere
 GATED_TIERS = ("gpu", "multigpu", "e2e")
-# the quick subset: tiers without process groups, slow tests dropped, one case per test function
+# the quick subset: tiers without process groups (a test also marked multiproc is left out), slow
+# tests dropped, one case per test function
 QUICK_TIERS = ("unit", "kernel", "conformance", "numerics")
+QUICK_OUT_REASON = "not in the quick subset"
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 GSM8K_ENV = "DCP_A2A_GSM8K_DIR"
@@ -174,7 +176,7 @@ def plan_tiers(machine: dict, requested: list[str] | None, evals: bool,
         if quick:
             for t in TIERS:
                 if t not in requested and why[t] is None and t != "e2e":
-                    why[t] = "not in the quick subset"
+                    why[t] = QUICK_OUT_REASON
     plans = []
     for t in TIERS:
         if t not in requested:
@@ -195,7 +197,9 @@ class RunSpec:
 
 def plan_runs(plans: list[TierPlan], workers: str | int | None) -> list[RunSpec]:
     run = [p.name for p in plans if p.run]
-    blocked = [p.name for p in plans if not p.run and p.name in GATED_TIERS]
+    # tests of these tiers never run in this job, whatever other tier they are also in
+    blocked = [p.name for p in plans if not p.run and (
+        p.name in GATED_TIERS or p.reason == QUICK_OUT_REASON)]
     runs = []
     main = [t for t in run if t != "multigpu"]
     if main:

@@ -2,6 +2,6 @@
 (KV sharded over N ranks, partials merged through dcp_a2a), logit parity against the unsharded
 model, and GSM8K through lm-eval. See docs/evals.md."""
 
-# dcp_a2a decides at import time whether Triton is interpreted (no CUDA); that has to happen
-# before transformers/torch import triton, so every evals entry point imports it first.
-import dcp_a2a._env  # noqa: E402,F401
+# dcp_a2a decides at import time whether Triton is interpreted (no CUDA); import it before
+# transformers can import triton.
+import dcp_a2a  # noqa: E402,F401

@@ -25,23 +25,32 @@ def _validate(tmp_path, *args, failing):
     return code, json.loads((out / "validation.json").read_text()), out
 
 
-@pytest.fixture(scope="module")
-def failing_run(tmp_path_factory):
-    return _validate(tmp_path_factory.mktemp("fail"), "--tiers", CPU_TIERS, failing=True)
+@pytest.mark.slow  # a pytest session (torch import): seconds, not for --quick
+def test_report_of_a_failing_suite(tmp_path):
+    """One validate run (a pytest session costs seconds), every property of its report."""
+    run = _validate(tmp_path, "--tiers", CPU_TIERS, failing=True)
+    for check in (_failure_gives_nonzero_exit_and_is_listed,
+                  _tiers_counted_from_markers_and_directories,
+                  _headroom_is_worst_ratio_inverted,
+                  _all_skipped_tier_is_skipped_not_passed,
+                  _tiers_that_cannot_run_are_listed_with_reason,
+                  _ulp_histograms_summed_per_dtype_and_kind,
+                  _markdown_and_machine_info):
+        check(run)
 
 
 def _tier(report, name):
     return next(t for t in report["tiers"] if t["name"] == name)
 
 
-def test_failure_gives_nonzero_exit_and_is_listed(failing_run):
+def _failure_gives_nonzero_exit_and_is_listed(failing_run):
     code, rep, _ = failing_run
     assert code == cli.EXIT_FAILED and rep["ok"] is False
     assert [f["nodeid"] for f in rep["failures"]] == ["tests/kernel/test_kfail.py::test_too_far"]
     assert "over the bound" in rep["failures"][0]["text"]
 
 
-def test_tiers_counted_from_markers_and_directories(failing_run):
+def _tiers_counted_from_markers_and_directories(failing_run):
     _, rep, _ = failing_run
     unit, kernel, conf = (_tier(rep, n) for n in ("unit", "kernel", "conformance"))
     # unit: test_pass, 3 params, slow, and the kernel+conformance test also marked unit
@@ -55,7 +64,7 @@ def test_tiers_counted_from_markers_and_directories(failing_run):
     assert rep["totals"]["cases"] == 6 + 2 + 1
 
 
-def test_headroom_is_worst_ratio_inverted(failing_run):
+def _headroom_is_worst_ratio_inverted(failing_run):
     _, rep, _ = failing_run
     kernel, conf = _tier(rep, "kernel"), _tier(rep, "conformance")
     assert kernel["worst_ratio"] == 2.0 and kernel["headroom"] == 0.5
@@ -64,7 +73,7 @@ def test_headroom_is_worst_ratio_inverted(failing_run):
     assert _tier(rep, "unit")["headroom"] == 4.0  # its one merge check is the shared test's
 
 
-def test_all_skipped_tier_is_skipped_not_passed(failing_run):
+def _all_skipped_tier_is_skipped_not_passed(failing_run):
     _, rep, _ = failing_run
     num = _tier(rep, "numerics")
     assert (num["status"], num["skipped"], num["passed"]) == ("skipped", 1, 0)
@@ -72,7 +81,7 @@ def test_all_skipped_tier_is_skipped_not_passed(failing_run):
     assert _tier(rep, "multiproc")["status"] == "no tests"
 
 
-def test_tiers_that_cannot_run_are_listed_with_reason(failing_run):
+def _tiers_that_cannot_run_are_listed_with_reason(failing_run):
     _, rep, _ = failing_run
     for name in ("gpu", "multigpu", "e2e"):
         t = _tier(rep, name)
@@ -81,7 +90,7 @@ def test_tiers_that_cannot_run_are_listed_with_reason(failing_run):
     assert rep["untiered_tests"] == ["tests/misc/test_stray.py::test_in_no_tier"]
 
 
-def test_ulp_histograms_summed_per_dtype_and_kind(failing_run):
+def _ulp_histograms_summed_per_dtype_and_kind(failing_run):
     _, rep, out = failing_run
     f16 = rep["dtypes"]["float16"]
     assert f16["checks"] == 3
@@ -96,7 +105,7 @@ def test_ulp_histograms_summed_per_dtype_and_kind(failing_run):
         assert png.is_file() and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_markdown_and_machine_info(failing_run):
+def _markdown_and_machine_info(failing_run):
     _, rep, out = failing_run
     md = (out / "validation.md").read_text()
     assert "FAILED" in md and "test_too_far" in md and "| numerics | skipped" in md
@@ -106,6 +115,7 @@ def test_markdown_and_machine_info(failing_run):
     assert rep["options"]["impl"] == "dcp_a2a"
 
 
+@pytest.mark.slow
 def test_quick_subset_and_passing_exit(tmp_path):
     code, rep, _ = _validate(tmp_path, "--quick", "--tiers", "unit,kernel", failing=False)
     assert code == cli.EXIT_OK and rep["ok"]

@@ -28,27 +28,29 @@ class _OneRank:
     device_group = None
 
 
-def _merge_every_rank(impl, outs, lses, *, return_lse, base_e):
+def _merge(impl, outs, lses, rank, *, return_lse=True, base_e=True):
+    """``rank``'s merge of the partials ``outs[N, B, H, D]``, ``lses[N, B, H]``: the spec's
+    receive buffer through the implementation's unpack_combine. (The receive buffer of any
+    rank exercises the same merge; the Triton interpreter makes every extra call count.)"""
     d = outs.shape[-1]
-    p = impl.lse_pack_dim(outs.dtype)
-    return [impl.unpack_combine(build_recv(outs, lses, r), d, p, return_lse, base_e)
-            for r in range(outs.shape[0])]
+    return impl.unpack_combine(build_recv(outs, lses, rank), d, impl.lse_pack_dim(outs.dtype),
+                               return_lse, base_e)
 
 
 @pytest.mark.parametrize("base_e", [True, False], ids=["base_e", "base_2"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_merge_within_bound_at_volume(impl, device, merge_check, dtype, base_e):
-    """Every element of every rank's slice within the derived per-element bound (2048
-    elements a case: enough that a truncating cast, 16-bit weights or a rounded LSE cannot
-    hide), returned LSE float32 and within its own bound."""
-    n, b, h, d = 4, 8, 4, 64
+    """Every element within the derived per-element bound (2048 elements a case: enough that
+    a truncating cast, 16-bit weights or a rounded LSE cannot hide), the returned LSE float32
+    and within its own bound."""
+    n, b, h, d = 4, 4, 32, 64
     outs, lses = partials(n, b, h, d, dtype, seed=101 + int(base_e), device=device)
-    for r, (out, lse) in enumerate(_merge_every_rank(impl, outs, lses, return_lse=True,
-                                                     base_e=base_e)):
-        assert out.dtype == dtype and tuple(out.shape) == (b, h // n, d)
-        assert lse.dtype == torch.float32 and tuple(lse.shape) == (b, h // n)
-        merge_check(out.cpu(), lse.cpu(), outs.cpu(), lses.cpu(), is_lse_base_on_e=base_e,
-                    heads=heads_of(r, n, h))
+    r = 2
+    out, lse = _merge(impl, outs, lses, r, base_e=base_e)
+    assert out.dtype == dtype and tuple(out.shape) == (b, h // n, d)
+    assert lse.dtype == torch.float32 and tuple(lse.shape) == (b, h // n)
+    merge_check(out.cpu(), lse.cpu(), outs.cpu(), lses.cpu(), is_lse_base_on_e=base_e,
+                heads=heads_of(r, n, h))
 
 
 @pytest.mark.parametrize("base_e", [True, False], ids=["base_e", "base_2"])
@@ -63,40 +65,37 @@ def test_huge_lse_spreads_do_not_overflow(impl, device, merge_check, dtype, base
                          [-5e3, 100.0, -1e4 + 1.0, 250.0],
                          [1e4 - 2.0, 99.0, -2e4, 310.0]], dtype=torch.float32)
     lses = lses[:, :, None].expand(n, b, h).contiguous().to(device)
-    for r, (out, lse) in enumerate(_merge_every_rank(impl, outs, lses, return_lse=True,
-                                                     base_e=base_e)):
-        assert torch.isfinite(out).all() and torch.isfinite(lse).all()
-        merge_check(out.cpu(), lse.cpu(), outs.cpu(), lses.cpu(), is_lse_base_on_e=base_e,
-                    heads=heads_of(r, n, h))
+    out, lse = _merge(impl, outs, lses, 1, base_e=base_e)
+    assert torch.isfinite(out).all() and torch.isfinite(lse).all()
+    merge_check(out.cpu(), lse.cpu(), outs.cpu(), lses.cpu(), is_lse_base_on_e=base_e,
+                heads=heads_of(1, n, h))
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_zero_weight_never_lets_nan_in(impl, device, merge_check, dtype):
     """A merge with LSE -inf (or NaN/+inf, which count as -inf) is the identity, even when the
     partial is NaN or inf; a row with every rank at -inf gives 0 and LSE -inf."""
-    n, b, h, d = 3, 4, 3, 6
+    n, b, h, d = 3, 4, 6, 6
     outs, lses = partials(n, b, h, d, dtype, seed=17, device=device)
     outs, lses = outs.clone(), lses.clone()
     lses[0, 0], outs[0, 0] = -math.inf, math.nan
     lses[1, 1], outs[1, 1] = math.nan, math.inf
     lses[2, 2], outs[2, 2] = math.inf, math.nan
     lses[:, 3], outs[:, 3] = -math.inf, math.nan
-    for r, (out, lse) in enumerate(_merge_every_rank(impl, outs, lses, return_lse=True,
-                                                     base_e=True)):
-        out, lse = out.cpu(), lse.cpu()
-        assert not torch.isnan(out).any(), f"rank {r}: NaN leaked through a zero weight"
-        assert torch.all(out[3] == 0) and torch.all(lse[3] == -math.inf)
-        merge_check(out, lse, outs.cpu(), lses.cpu(), heads=heads_of(r, n, h))
+    out, lse = (t.cpu() for t in _merge(impl, outs, lses, 1))
+    assert not torch.isnan(out).any(), "NaN leaked through a zero weight"
+    assert torch.all(out[3] == 0) and torch.all(lse[3] == -math.inf)
+    merge_check(out, lse, outs.cpu(), lses.cpu(), heads=heads_of(1, n, h))
 
 
 def test_repeatable_and_batch_invariant(impl, device):
     """The same inputs give the same bits, call after call, and a row's result does not depend
     on the batch around it (float32, 8 ranks: any change of summation order shows)."""
-    n, b, h, d = 8, 6, 8, 32
+    n, b, h, d = 8, 4, 16, 32
     outs, lses = partials(n, b, h, d, torch.float32, seed=23, spread=2.0, device=device)
     recv = build_recv(outs, lses, 1)
     first = impl.unpack_combine(recv, d, 1, True, True)
-    for _ in range(3):
+    for _ in range(2):
         again = impl.unpack_combine(recv.clone(), d, 1, True, True)
         for a, e in zip(again, first):
             assert torch.equal(a, e), "unpack_combine is not bitwise repeatable"

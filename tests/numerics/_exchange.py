@@ -49,3 +49,21 @@ def merge(impl, outs, lses, *, is_lse_base_on_e=True, return_lse=True):
     if return_lse:
         return torch.cat([o for o, _ in got], dim=1), torch.cat([g for _, g in got], dim=1)
     return torch.cat(got, dim=1), None
+
+
+class Exchange:
+    """``merge`` / ``merge_rank`` bound to an implementation and a device; CPU in, CPU out."""
+
+    def __init__(self, impl, device="cpu"):
+        self.impl, self.device = impl, device
+
+    def _to(self, outs, lses):
+        return outs.to(self.device), lses.to(self.device)
+
+    def merge(self, outs, lses, **kw):
+        out, lse = merge(self.impl, *self._to(outs, lses), **kw)
+        return out.cpu(), None if lse is None else lse.cpu()
+
+    def merge_rank(self, outs, lses, rank, **kw):
+        (out, lse), heads = merge_rank(self.impl, *self._to(outs, lses), rank, **kw)
+        return (out.cpu(), None if lse is None else lse.cpu()), heads

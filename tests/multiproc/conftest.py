@@ -1,0 +1,66 @@
+"""The multi-process tier: a pool of real gloo ranks shared by every test in this directory.
+
+One :class:`dcp_a2a.procpool.RankPool` per test process (per xdist worker), started on first
+use: a WORLD of 8 ranks with subgroups of ranks {0,1}, {0,1,2} and {0..3}, so DCP groups of
+N = 2, 3, 4 and 8 share one start-up. The fault tests use their own small pool (see
+test_pool_faults.py) so that the teardowns they provoke do not cost the others a restart.
+At the end of the session the pool is closed and every rank it ever had must be gone.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from dcp_a2a.procpool import RankPool
+from tests.multiproc.mp_tasks import pid_alive
+
+POOL_WORLD = 8
+GROUP_SIZES = (2, 3, 4, 8)
+# A collective that a peer never joins fails after PG_TIMEOUT on the waiting rank; the parent's
+# watchdog (TASK_TIMEOUT) is the backstop. Both well under any CI cap.
+PG_TIMEOUT_S = 20.0
+TASK_TIMEOUT_S = 60.0
+
+
+@pytest.fixture(scope="session")
+def rank_pool():
+    pool = RankPool(POOL_WORLD, subgroup_sizes=[n for n in GROUP_SIZES if n < POOL_WORLD],
+                    pg_timeout=PG_TIMEOUT_S, task_timeout=TASK_TIMEOUT_S)
+    yield pool
+    pool.close()
+    left = [p for p in pool.spawned_pids if pid_alive(p)]
+    assert not left, f"rank processes left after closing the pool: {left}"
+
+
+# --------------------------------------------------------------------------- ag_rs report
+def pytest_terminal_summary(terminalreporter):
+    """Print how far ag_rs lands from the float64 oracle next to the A2A paths (recorded by
+    test_lse_reduce_multiproc.py::test_backends_agree_and_match_oracle)."""
+    rows = []
+    for rep in terminalreporter.stats.get("passed", []) + terminalreporter.stats.get("failed", []):
+        for key, val in getattr(rep, "user_properties", []):
+            if key == "ag_rs_vs_a2a":
+                rows.append(val)
+    if not rows:
+        return
+    agg: dict = {}
+    for r in rows:
+        k = (r["dtype"], r["world_size"])
+        a = agg.setdefault(k, {"cases": 0})
+        for key, v in r.items():
+            if key not in ("dtype", "world_size", "base"):
+                a[key] = max(a.get(key, 0.0), v)
+        a["cases"] += 1
+    tr = terminalreporter
+    tr.write_sep("-", "ag_rs vs A2A (packed) error against the float64 oracle, multiproc gloo")
+    tr.write_line("err/tol: worst error over the bound of tolerances.yaml (A2A bound for A2A; "
+                  "ag_rs against its own bound and against the A2A bound)")
+    tr.write_line(f"{'dtype':>9} {'N':>2} {'cases':>5} | {'A2A ulp':>8} {'err/tol':>8} "
+                  f"{'max|err|':>9} | {'ag_rs ulp':>9} {'err/tol':>8} {'vs A2A tol':>10} "
+                  f"{'max|err|':>9}")
+    for (dt, n), a in sorted(agg.items()):
+        tr.write_line(
+            f"{dt:>9} {n:>2} {a['cases']:>5} | {a['a2a_max_ulp']:>8.3g} "
+            f"{a['a2a_worst_ratio']:>8.3g} {a['a2a_max_abs']:>9.2e} | "
+            f"{a['ag_rs_max_ulp']:>9.3g} {a['ag_rs_worst_ratio']:>8.3g} "
+            f"{a['ag_rs_ratio_vs_a2a_bound']:>10.3g} {a['ag_rs_max_abs']:>9.2e}")

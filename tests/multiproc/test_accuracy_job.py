@@ -1,0 +1,114 @@
+"""The torchrun accuracy job (``python -m dcp_a2a.accuracy``): launched for real with torchrun
+on 2 and 4 gloo ranks, run in-process on the pool (N = 3, and a deliberately broken
+implementation that it must reject), and its argument handling."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from dcp_a2a import accuracy
+from tests.multiproc import mp_tasks
+
+pytestmark = pytest.mark.multiproc
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SMALL = "2x8x24,1x8x40:bfloat16"   # D = 24 and 40: not powers of two
+# Each launch pays torch's import on every rank: all dtypes on 2 ranks, bfloat16 on 4.
+DTYPE_ARGS = {2: [], 4: ["--dtype", "bfloat16"]}
+
+
+def _expected_cases(shapes: str, dtypes, n_backends: int, bases: int = 2) -> int:
+    total = 0
+    for s in accuracy.parse_shapes(shapes):
+        total += (1 if s.dtype else len(dtypes)) * bases * n_backends
+    return total
+
+
+def _check_report(report, world, shapes, n_backends=3, dtypes=tuple(accuracy.DTYPES)):
+    assert report["meta"]["world_size"] == world
+    assert report["ok"] is True
+    cases = report["cases"]
+    assert len(cases) == _expected_cases(shapes, dtypes, n_backends)
+    assert {c["dtype"] for c in cases} <= set(dtypes)
+    for c in cases:
+        assert c["ok"], c
+        assert 0 <= c["output"]["worst_ratio"] <= 1, c
+        assert c["output"]["elements"] == c["b"] * c["h"] * c["d"], c
+        assert c["lse"]["elements"] == c["b"] * c["h"], c
+        assert c["seconds"] > 0
+        if c["backend"] in ("packed", "two_collective"):
+            assert c["bitwise_packed_eq_two_collective"] is True
+        if c["backend"] == "ag_rs":
+            assert "ratio_vs_a2a_bound" in c
+
+
+@pytest.mark.parametrize("nproc", [2, 4])
+def test_torchrun_gloo(tmp_path, impl, nproc):
+    out = tmp_path / "report.json"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+           f"--nproc-per-node={nproc}", "-m", "dcp_a2a.accuracy",
+           "--shapes", SMALL, "--dist-backend", "gloo", "--out", str(out), *DTYPE_ARGS[nproc]]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": ROOT}
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    report = json.loads(out.read_text())
+    _check_report(report, nproc, SMALL, 3 if impl.is_project else 1,
+                  dtypes=(DTYPE_ARGS[nproc] or [",".join(accuracy.DTYPES)])[-1].split(","))
+    assert report["meta"]["dist_backend"] == "gloo"
+    assert report["meta"]["implementation"] == impl.spec
+    # rank 0 printed the table: one line per case, and the summary
+    assert f"dcp_a2a accuracy: N={nproc} gloo" in proc.stdout
+    assert f"{len(report['cases'])} cases, 0 failed" in proc.stdout
+    print(proc.stdout)
+
+
+def test_in_process_on_three_ranks(rank_pool, impl):
+    argv = ["--shapes", "3x6x40", "--dtype", "float16", "--quiet"]
+    results = rank_pool.run(mp_tasks.accuracy_job, 3, argv, n=3, timeout=120)
+    report, status = results[0]
+    assert status == 0
+    assert all(r == (None, 0) for r in results[1:])
+    _check_report(report, 3, "3x6x40", 3 if impl.is_project else 1, dtypes=("float16",))
+    table = accuracy.format_table(report)
+    assert f"{len(report['cases'])} cases, 0 failed" in table
+
+
+def test_broken_implementation_fails_the_job(rank_pool):
+    """An implementation that rounds the merged LSE through bfloat16 and scales the output by
+    (1 + 2^-7) must be flagged: failing rows and exit status 1."""
+    argv = ["--shapes", "2x4x24", "--dtype", "bfloat16,float32", "--base", "e", "--quiet",
+            "--impl", "tests.multiproc.mp_tasks:BROKEN"]
+    results = rank_pool.run(mp_tasks.accuracy_job, 2, argv, n=2, timeout=120)
+    report, status = results[0]
+    assert status == 1
+    assert report["ok"] is False
+    assert report["meta"]["implementation"] == "tests.multiproc.mp_tasks:BROKEN"
+    assert [c["backend"] for c in report["cases"]] == ["default", "default"]
+    for c in report["cases"]:
+        assert not c["ok"]
+        assert c["output"]["failures"] > 0 and c["lse"]["failures"] > 0
+    assert "FAIL" in accuracy.format_table(report)
+
+
+def test_shape_arguments():
+    assert accuracy.parse_shapes("1x128x512, 8192x64x512:bfloat16") == [
+        accuracy.Shape(1, 128, 512), accuracy.Shape(8192, 64, 512, "bfloat16")]
+    for bad in ("1x128", "ax2x3", "1x0x4", "1x2x3:float8", ""):
+        with pytest.raises(ValueError):
+            accuracy.parse_shapes(bad)
+    with pytest.raises(ValueError, match="not divisible by the world size 3"):
+        accuracy.resolve_shapes("2x8x24", 3, gpu=False)
+    # the default sweep leaves out what the world size cannot split, and says so
+    shapes, skipped = accuracy.resolve_shapes(None, 3, gpu=False)
+    assert skipped == ["1x128x512"] and all(s.h % 3 == 0 for s in shapes)
+    gpu, _ = accuracy.resolve_shapes(None, 8, gpu=True)
+    assert {str(s) for s in gpu} >= {"1x128x512", "16x128x512", "128x128x512", "8192x64x512"}
+    with pytest.raises(SystemExit):
+        accuracy.parse_args(["--backend", "nope"])
+    assert accuracy.parse_args(["--backend", "packed,ag_rs"]).backend == ["packed", "ag_rs"]
+    assert accuracy.parse_args([]).dtype == list(accuracy.DTYPES)
