@@ -64,8 +64,12 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--gsm8k-dir", type=Path, default=None, metavar="DIR",
                    help="GSM8K JSONL directory (default: $DCP_A2A_GSM8K_DIR or "
                         "../shared/data/gsm8k next to the repo)")
-    v.add_argument("--gsm8k-limit", type=int, default=50, metavar="K",
-                   help="questions in the GSM8K subset with --evals (default 50)")
+    v.add_argument("--gsm8k-limit", type=int, default=None, metavar="K",
+                   help="questions in the GSM8K subset with --evals (default 50 on a GPU, 10 on "
+                        "CPU: ~10 s a question per backend there)")
+    v.add_argument("--gsm8k-backends", default="reference,packed", metavar="B1,B2",
+                   help="backends compared on GSM8K, the first is the baseline "
+                        "(default reference,packed)")
     v.add_argument("--out", type=Path, default=Path("validation-report"), metavar="DIR",
                    help="report directory (default ./validation-report)")
     v.add_argument("-j", "--workers", type=_workers, default="auto", metavar="N",
@@ -77,6 +81,23 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("pytest_args", nargs=argparse.REMAINDER, metavar="-- PYTEST_ARGS",
                    help="extra arguments for pytest after --, e.g. -- -k pack -x")
     return p
+
+
+class _Stream:
+    """Plain pass-through to a terminal stream: tqdm given ``sys.stderr`` itself stayed silent on
+    some ptys here; through this wrapper it draws."""
+
+    def __init__(self, stream):
+        self.stream = stream
+
+    def write(self, s):
+        return self.stream.write(s)
+
+    def flush(self):
+        return self.stream.flush()
+
+    def isatty(self):
+        return True
 
 
 class Progress:
@@ -97,7 +118,7 @@ class Progress:
         if not self.enabled:
             return
         if self.bar is not None:
-            self.bar.write(text, file=self.stream)
+            self.bar.write(text, file=self.bar.fp)
         else:
             print(text, file=self.stream, flush=True)
 
@@ -108,8 +129,12 @@ class Progress:
         if self.tty:
             from tqdm import tqdm
 
+            import shutil
+
+            wide = shutil.get_terminal_size((0, 0)).columns >= 40
             self.bar = tqdm(total=None, desc=f"{label} collecting", unit="test",
-                            file=self.stream, dynamic_ncols=True, leave=True)
+                            file=_Stream(self.stream), dynamic_ncols=wide, ncols=None if wide else 100,
+                            leave=True)
             self.label = label
         else:
             self.label = label
@@ -219,7 +244,8 @@ def validate(args) -> int:
             progress.end_run(spec, res)
             results.append(res)
         if args.evals:
-            for job in val.plan_evals(machine, out_dir, args.gsm8k_limit, impl):
+            limit = args.gsm8k_limit or (50 if machine["cuda_device_count"] else 10)
+            for job in val.plan_evals(machine, out_dir, limit, args.gsm8k_backends, impl):
                 evals.append(val.run_eval(job, out_dir, progress))
     except KeyboardInterrupt:
         interrupted = True

@@ -165,7 +165,8 @@ def _local_step(kind: str, payload):
         gathered[0].copy_(local)
         return gathered
     if kind == "reduce_scatter":
-        return payload[0][0]
+        scaled, merged = payload  # copy: the result must not alias a staging buffer
+        return merged.copy_(scaled[0])
     raise AssertionError(f"unknown step {kind}")
 
 

@@ -44,10 +44,10 @@ def _load_lse_tile(data_bits_ptr, lse_ptr, b, h, n, m,
 @triton.jit
 def _combine_kernel(
     data_ptr, data_bits_ptr, lse_ptr, out_ptr, out_bits_ptr, lse_out_ptr,
-    N, B, HPR, D,
+    B, HPR, D,
     s_dn, s_db, s_dh, s_dd, s_ln, s_lb, s_lh,
-    LSE_LANES: tl.constexpr, BASE_E: tl.constexpr, RETURN_LSE: tl.constexpr,
-    IS_BF16: tl.constexpr,
+    N: tl.constexpr, LSE_LANES: tl.constexpr, BASE_E: tl.constexpr,
+    RETURN_LSE: tl.constexpr, IS_BF16: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
@@ -59,14 +59,15 @@ def _combine_kernel(
                          s_dn, s_db, s_dh, s_ln, s_lb, s_lh, D, LSE_LANES)
     scale, g = merge_weights(lse, BASE_E)
 
-    # One rank at a time over a [BLOCK_H, BLOCK_D] tile. (Loading all N ranks as one
-    # [BLOCK_N, BLOCK_H, BLOCK_D] tile was tried: slower at every shape; docs/perf.md.)
+    # The rank loop is unrolled (N is a constexpr: one compile per group size) so the N loads
+    # of a tile can all be in flight. (One [BLOCK_N, BLOCK_H, BLOCK_D] tile was tried: slower
+    # at every shape; docs/perf.md.)
     out_row = (b * HPR + h) * D
     for d0 in range(0, D, BLOCK_D):
         d = d0 + tl.arange(0, BLOCK_D)
         md = h_ok[:, None] & (d < D)[None, :]
         acc = tl.zeros((BLOCK_H, BLOCK_D), dtype=tl.float32)
-        for r in range(0, N):
+        for r in tl.static_range(N):
             # this rank's column of the weight tile (a sum of one value and zeros: exact)
             sc = tl.sum(tl.where((n == r)[:, None], scale, 0.0), axis=0)
             offs = r * s_dn + b * s_db + h[:, None] * s_dh + d[None, :] * s_dd
@@ -117,9 +118,9 @@ def _launch_combine(data, data_bits, lse, N, B, hpr, D, lse_lanes, return_lse, b
         lse_strides = lse.stride() if lse is not None else (0, 0, 0)
         _combine_kernel[(B, triton.cdiv(hpr, cfg.block_h))](
             data, data_bits, lse if lse is not None else lse_out, out, bits(out), lse_out,
-            N, B, hpr, D,
+            B, hpr, D,
             data.stride(0), data.stride(1), data.stride(2), data.stride(3), *lse_strides,
-            LSE_LANES=lse_lanes, BASE_E=bool(base_e), RETURN_LSE=bool(return_lse),
+            N=N, LSE_LANES=lse_lanes, BASE_E=bool(base_e), RETURN_LSE=bool(return_lse),
             IS_BF16=data.dtype == torch.bfloat16,
             BLOCK_N=next_pow2(N), BLOCK_H=cfg.block_h, BLOCK_D=cfg.block_d,
             num_warps=cfg.num_warps,

@@ -240,6 +240,10 @@ def write_markdown(report: dict, path: Path) -> None:
             res = e.get("result_file") or ""
             st = e["status"] + (f": {e['reason']}" if e.get("reason") else "")
             L.append(f"| {e['name']} | {st} | {fmt_time(e['wall_s'])} | {res} |")
+        for e in report["evals"]:
+            md = Path(e["result_file"]).parent / "results.md" if e.get("result_file") else None
+            if md and md.is_file():
+                L += ["", f"### {e['name']} (from {md})", "", md.read_text().strip()]
     if report["dtypes"]:
         L += ["", "## Errors per dtype (output, in ulps of the dtype)", "",
               "| dtype | checks | elements | max ulp | worst err/tol | headroom | would pass "

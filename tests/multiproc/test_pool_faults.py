@@ -63,10 +63,11 @@ def test_raising_rank_reports_its_traceback_and_pool_recovers(fault_pool):
     elapsed = time.monotonic() - t0
     assert elapsed < FAULT_LIMIT_S
     e = ei.value
-    assert set(e.tracebacks) == {1}
+    assert 1 in e.tracebacks
     assert "Traceback" in e.tracebacks[1] and "raise_on" in e.tracebacks[1]
     assert "ValueError: deliberate failure on rank 1" in str(e)
-    assert e.silent == (0,)  # rank 0 was left waiting in the barrier
+    # rank 0 was left waiting in the barrier (listed as busy, or failed on the pg timeout)
+    assert set(e.tracebacks) | set(e.silent) == {0, 1}
     _assert_recovered(fault_pool, old)
 
 
@@ -96,7 +97,7 @@ def test_silent_rank_fails_on_the_watchdog_with_its_stack(fault_pool):
     elapsed = time.monotonic() - t0
     assert 1.5 <= elapsed < FAULT_LIMIT_S
     e = ei.value
-    assert 1 in e.silent and not e.tracebacks
+    assert e.silent == (1,) and not e.tracebacks
     assert "sleep_on" in e.stacks.get(1, ""), e.stacks
     _assert_recovered(fault_pool, old)
 

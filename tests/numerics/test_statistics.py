@@ -53,7 +53,11 @@ def round_up_to(y, dtype):
 
 
 def _inputs(dtype):
-    outs, lses = partials(*SHAPE, dtype, seed=2024)
+    # rank spread 1 nat: no rank dominates, so merged values are generic w.r.t. the T grid.
+    # With one dominant rank y* sits within a few ulps of that rank's (T-valued) partial and
+    # the rounding error becomes a function of the data (shrinkage toward the other ranks
+    # shows up as a ~0.005 ulp "aligned bias" even for the exactly rounded oracle).
+    outs, lses = partials(*SHAPE, dtype, seed=2024, spread=1.0)
     hpr = SHAPE[2] // SHAPE[0]
     ref = lse_weighted_combine(outs[:, :, :hpr], lses[:, :, :hpr])
     return outs, lses, ref

@@ -1,0 +1,274 @@
+"""Self-check of the validation suite: does the conformance tier catch every shipped bug?
+
+    python -m dcp_a2a.selfcheck [--jobs 2] [--only NAME ...] [--json report.json]
+
+Runs ``pytest -m conformance --impl SPEC -n JOBS`` once per implementation:
+
+* each correct implementation (``dcp_a2a`` and ``reference.contract``): every conformance test
+  must pass;
+* each mutant in ``tests/mutants/`` (one realistic bug per module, its docstring's first line
+  names the class of failure): at least one conformance test must fail. Mutant runs stop at
+  the first failure (``-x``), so a killed mutant costs seconds.
+
+Prints a kill table (mutant, killed?, first failing test, time) and the wall time of each
+correct implementation's full run, and exits non-zero if a mutant survives, a correct
+implementation fails, or a run could not be judged (collection errors, timeout). Per-test
+outcomes come from the suite's own result recorder (``dcp_a2a._pytest_collect``), so whatever
+the conformance tier contains, the first failing test is read from pytest, not from its text
+output.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+CORRECT = ("dcp_a2a", "reference.contract")
+MUTANTS_PACKAGE = "tests.mutants"
+_INTERRUPTED = "no result reported"
+
+
+@dataclass
+class Run:
+    spec: str
+    kind: str                    # "correct" or "mutant"
+    description: str = ""
+    verdict: str = ""            # correct: pass/FAIL/error; mutant: killed/SURVIVED/error
+    first_failure: str = ""      # node id of the first failing test
+    failure_text: str = ""       # its message, shortened
+    passed: int = 0
+    failed: int = 0
+    skipped: int = 0
+    collect_errors: int = 0
+    exitstatus: int | None = None
+    seconds: float = 0.0
+    log: str = ""
+    notes: list = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.verdict in ("pass", "killed")
+
+
+def repo_root() -> Path:
+    """The checkout holding tests/: the working directory if it has one, else the directory
+    above this package (an editable install)."""
+    for cand in (Path.cwd(), Path(__file__).resolve().parent.parent):
+        if (cand / "tests" / "conftest.py").is_file():
+            return cand
+    raise SystemExit("dcp_a2a.selfcheck: no tests/ directory found; run it from a checkout")
+
+
+def discover_mutants(root: Path) -> list[tuple[str, str]]:
+    """[(module spec, one-line description)] of tests/mutants/*.py, sorted by name."""
+    out = []
+    for f in sorted((root / "tests" / "mutants").glob("*.py")):
+        if f.name.startswith("_"):
+            continue
+        doc = ast.get_docstring(ast.parse(f.read_text())) or ""
+        first = doc.strip().splitlines()[0] if doc.strip() else "(no description)"
+        out.append((f"{MUTANTS_PACKAGE}.{f.stem}", first))
+    return out
+
+
+def _short(text: str, limit: int = 300) -> str:
+    """The most telling line of a failure report: the last 'E   ' line, else the last line."""
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    errs = [ln[1:].strip() for ln in lines if ln.startswith("E ")]
+    pick = errs[0] if errs else (lines[-1].strip() if lines else "")
+    return pick[:limit]
+
+
+def _read_results(path: Path, run: Run) -> None:
+    if not path.is_file():
+        run.notes.append("pytest wrote no result records")
+        return
+    for line in path.read_text().splitlines():
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if rec.get("event") == "session":
+            run.exitstatus = rec.get("exitstatus")
+            continue
+        outcome, phase = rec.get("outcome"), rec.get("phase")
+        if outcome in ("passed", "xpassed", "xfailed"):
+            run.passed += 1
+        elif outcome == "skipped":
+            run.skipped += 1
+        elif outcome in ("failed", "error"):
+            if phase == "collect":
+                run.collect_errors += 1
+                run.notes.append(f"collection error in {rec.get('nodeid')}: "
+                                 f"{_short(rec.get('text', ''))}")
+            elif phase is None or _INTERRUPTED in rec.get("text", ""):
+                continue  # in flight when -x stopped the session: no verdict
+            else:
+                run.failed += 1
+                if not run.first_failure:
+                    run.first_failure = rec.get("nodeid", "?")
+                    run.failure_text = _short(rec.get("text", ""))
+
+
+def run_one(spec: str, kind: str, *, root: Path, jobs: int, timeout: float, workdir: Path,
+            paths: list[str], marker: str, description: str = "") -> Run:
+    run = Run(spec=spec, kind=kind, description=description)
+    prefix = workdir / spec.replace(".", "_")
+    log = Path(str(prefix) + ".log")
+    cmd = [sys.executable, "-m", "pytest", "-m", marker, "--impl", spec, "-q",
+           "-p", "no:cacheprovider", "-p", "dcp_a2a._pytest_collect",
+           "--dcp-report", str(prefix), "--continue-on-collection-errors"]
+    if jobs > 1:
+        cmd += ["-n", str(jobs)]
+    else:
+        cmd += ["-p", "no:xdist"]
+    if kind == "mutant":
+        cmd.append("-x")
+    cmd += paths
+    env = dict(os.environ)
+    env["DCP_A2A_IMPL"] = spec
+    env["PYTHONPATH"] = os.pathsep.join([str(root)] + [p for p in
+                                                      env.get("PYTHONPATH", "").split(os.pathsep)
+                                                      if p])
+    t0 = time.time()
+    with open(log, "w") as fh:
+        proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=fh, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)  # the run's own process group: pytest + workers
+            proc.wait()
+            run.notes.append(f"timed out after {timeout:.0f} s")
+    run.seconds = time.time() - t0
+    run.log = str(log)
+    _read_results(Path(str(prefix) + ".results.jsonl"), run)
+    if run.exitstatus is None:
+        run.exitstatus = proc.returncode
+    timed_out = any(n.startswith("timed out") for n in run.notes)
+    if kind == "correct":
+        if timed_out or run.collect_errors:
+            run.verdict = "error"
+        elif run.failed or run.exitstatus not in (0,) or run.passed == 0:
+            run.verdict = "FAIL"
+            if run.passed == 0 and not run.failed:
+                run.notes.append("no conformance test passed (none collected?)")
+        else:
+            run.verdict = "pass"
+    else:
+        if run.failed:
+            run.verdict = "killed"
+        elif timed_out or run.collect_errors or run.exitstatus not in (0, 1, 5):
+            run.verdict = "error"
+            if not run.notes:
+                run.notes.append(f"pytest exit status {run.exitstatus}; see {log}")
+        else:
+            run.verdict = "SURVIVED"
+    return run
+
+
+def kill_table(runs: list[Run]) -> str:
+    """Markdown tables: correct implementations, then the mutants."""
+    lines = ["| implementation | verdict | passed | failed | skipped | wall time |",
+             "|---|---|---|---|---|---|"]
+    for r in runs:
+        if r.kind == "correct":
+            lines.append(f"| `{r.spec}` | {r.verdict} | {r.passed} | {r.failed} | {r.skipped} "
+                         f"| {r.seconds:.1f} s |")
+    lines += ["", "| mutant | killed? | first failing test | time | failure class |",
+              "|---|---|---|---|---|"]
+    for r in runs:
+        if r.kind == "mutant":
+            name = r.spec.rsplit(".", 1)[-1]
+            killed = {"killed": "yes", "SURVIVED": "**NO**"}.get(r.verdict, f"**{r.verdict}**")
+            lines.append(f"| `{name}` | {killed} | `{r.first_failure or '-'}` | "
+                         f"{r.seconds:.1f} s | {r.description} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m dcp_a2a.selfcheck", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--jobs", "-n", type=int, default=2,
+                    help="pytest-xdist workers per run (default 2; 1 runs without xdist)")
+    ap.add_argument("--only", nargs="+", metavar="NAME",
+                    help="run only these mutants (module names) and correct implementations")
+    ap.add_argument("--correct", nargs="*", default=list(CORRECT), metavar="SPEC",
+                    help=f"correct implementations to run (default: {' '.join(CORRECT)})")
+    ap.add_argument("--no-mutants", action="store_true", help="run the correct ones only")
+    ap.add_argument("--paths", nargs="*", default=["tests"],
+                    help="test paths handed to pytest (default: tests)")
+    ap.add_argument("--marker", default="conformance", help="pytest -m expression")
+    ap.add_argument("--timeout", type=float, default=300.0,
+                    help="seconds per implementation run before it is killed (default 300)")
+    ap.add_argument("--json", type=Path, help="also write the results as JSON here")
+    ap.add_argument("--workdir", type=Path, help="keep logs and result records here")
+    ap.add_argument("--list", action="store_true", help="list the mutants and exit")
+    args = ap.parse_args(argv)
+
+    root = repo_root()
+    mutants = discover_mutants(root)
+    if args.list:
+        for spec, desc in mutants:
+            print(f"{spec.rsplit('.', 1)[-1]:32s} {desc}")
+        return 0
+    if args.only:
+        wanted = set(args.only)
+        unknown = wanted - {s.rsplit(".", 1)[-1] for s, _ in mutants} - set(args.correct)
+        if unknown:
+            ap.error(f"unknown mutant(s): {', '.join(sorted(unknown))}")
+        mutants = [(s, d) for s, d in mutants if s.rsplit(".", 1)[-1] in wanted]
+        correct = [c for c in args.correct if c in wanted]
+    else:
+        correct = list(args.correct)
+    if args.no_mutants:
+        mutants = []
+
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="dcp_a2a_selfcheck_"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    plan = [(s, "correct", "") for s in correct] + [(s, "mutant", d) for s, d in mutants]
+    runs = []
+    t0 = time.time()
+    try:
+        from tqdm import tqdm
+        progress = tqdm(plan, desc="selfcheck", unit="impl", file=sys.stderr,
+                        disable=not sys.stderr.isatty())
+    except ImportError:  # pragma: no cover - tqdm is a dependency
+        progress = plan
+    for spec, kind, desc in progress:
+        run = run_one(spec, kind, root=root, jobs=args.jobs, timeout=args.timeout,
+                      workdir=workdir, paths=args.paths, marker=args.marker, description=desc)
+        runs.append(run)
+        print(f"[{len(runs)}/{len(plan)}] {spec}: {run.verdict} in {run.seconds:.1f} s"
+              + (f" ({run.first_failure})" if run.first_failure else ""), flush=True)
+    total = time.time() - t0
+
+    print()
+    print(kill_table(runs))
+    bad = [r for r in runs if not r.ok]
+    n_mut = sum(r.kind == "mutant" for r in runs)
+    n_killed = sum(r.verdict == "killed" for r in runs)
+    print(f"\n{n_killed}/{n_mut} mutants killed; {len(runs) - n_mut} correct implementation(s) "
+          f"run; total {total:.1f} s; logs in {workdir}")
+    for r in bad:
+        print(f"\nPROBLEM {r.spec}: {r.verdict}"
+              + (f" — first failure {r.first_failure}: {r.failure_text}" if r.first_failure
+                 else "")
+              + "".join(f"\n  {n}" for n in r.notes) + f"\n  log: {r.log}")
+    if args.json:
+        args.json.write_text(json.dumps({"runs": [asdict(r) for r in runs], "seconds": total,
+                                         "ok": not bad}, indent=1))
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
