@@ -117,3 +117,15 @@ def test_run_problems():
     assert run_problem(_Res(1, [rec("a", "passed", [])])) is not None
     assert run_problem(_Res(4, [])) == "usage error"
     assert run_problem(_Res(0, [], session=False)) is not None
+
+
+def test_eval_jobs_name_what_is_missing(tmp_path):
+    m = machine()
+    m["modules"] = {"evals.logit_parity": False, "evals.gsm8k": True, "transformers": True,
+                    "gguf": True, "lm_eval": True}
+    lp, gs = val.plan_evals(m, tmp_path, 10, "reference,packed")
+    assert lp.reason == "evals.logit_parity is not in this checkout" and not lp.command
+    assert gs.reason.startswith("eval model not found")
+    m["eval_model"] = "/m.gguf"
+    _, gs = val.plan_evals(m, tmp_path, 10, "reference,packed")
+    assert gs.reason.startswith("GSM8K data not found at /d")
