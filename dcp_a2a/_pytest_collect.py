@@ -36,7 +36,7 @@ import pytest
 
 TIERS = ("unit", "kernel", "multiproc", "conformance", "numerics", "gpu", "multigpu", "e2e")
 
-_MAX_TEXT = 4000
+_MAX_TEXT = 6000
 # pytest's own marks say nothing about what a test covers
 _PYTEST_MARKS = {"parametrize", "usefixtures", "filterwarnings", "skip", "skipif", "xfail",
                  "timeout", "xdist_group", "flaky"}
@@ -161,14 +161,14 @@ class _Recorder:
             self._emit({"event": "test", "nodeid": report.nodeid or "<collection>",
                         "outcome": "error", "phase": "collect", "tiers": [], "markers": [],
                         "duration": 0.0, "text": _text(report)[-_MAX_TEXT:],
-                        "merge_reports": []})
+                        "message": _crash_message(report), "merge_reports": []})
 
     @pytest.hookimpl
     def pytest_runtest_logreport(self, report):
         rec = self.pending.setdefault(report.nodeid, {
             "event": "test", "nodeid": report.nodeid, "outcome": None, "phase": None,
             "tiers": [], "markers": [],
-            "duration": 0.0, "text": "", "merge_reports": []})
+            "duration": 0.0, "text": "", "message": "", "merge_reports": []})
         rec["duration"] += float(getattr(report, "duration", 0.0) or 0.0)
         props = list(getattr(report, "user_properties", []) or [])
         for k, v in props:
@@ -189,17 +189,20 @@ class _Recorder:
             else:
                 rec["outcome"] = "failed" if report.when == "call" else "error"
                 rec["text"] = _text(report)[-_MAX_TEXT:]
+                rec["message"] = _crash_message(report)
             rec["phase"] = report.when
         elif report.when not in ("setup", "teardown"):  # xdist's crashed-worker report ("???")
             rec["outcome"] = "failed"
             rec["phase"] = "crash"
             rec["text"] = _text(report)[-_MAX_TEXT:]
+            rec["message"] = _crash_message(report)
             self._emit(self.pending.pop(report.nodeid))
             return
         if report.when == "teardown":
             if report.failed and rec["outcome"] in (None, "passed", "xpassed"):
                 rec["outcome"], rec["phase"] = "error", "teardown"
                 rec["text"] = _text(report)[-_MAX_TEXT:]
+                rec["message"] = _crash_message(report)
             if rec["outcome"] is None:
                 rec["outcome"] = "error"
             self._emit(self.pending.pop(report.nodeid))
@@ -222,6 +225,16 @@ def _text(report) -> str:
         return report.longreprtext or ""
     except Exception:  # pragma: no cover - exotic report objects
         return str(getattr(report, "longrepr", ""))
+
+
+def _crash_message(report) -> str:
+    """pytest's one-line summary of a failure (what ``-rf`` prints): ``Type: message``."""
+    crash = getattr(getattr(report, "longrepr", None), "reprcrash", None)
+    msg = getattr(crash, "message", None)
+    if not msg:
+        lines = [ln for ln in _text(report).splitlines() if ln.strip()]
+        msg = lines[-1] if lines else ""
+    return msg.strip()[:_MAX_TEXT]
 
 
 def _skip_reason(report) -> str:

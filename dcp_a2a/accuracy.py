@@ -228,6 +228,9 @@ def run(args: argparse.Namespace, pg=None, device=None) -> dict | None:
     device = torch.device(device) if device is not None else torch.device("cpu")
     impl = load_impl(args.impl)
     project = impl.is_project
+    if not project and list(args.backend) != list(BACKENDS):
+        raise ValueError(f"--backend needs the project's implementation; {impl.spec} only has "
+                         "its default path")
     backends = list(args.backend) if project else ["default"]
     gpu = device.type == "cuda"
     shapes, skipped = resolve_shapes(args.shapes, world, gpu)

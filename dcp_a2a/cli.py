@@ -40,7 +40,9 @@ def _workers(value: str):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="dcp-a2a", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(
+        prog="dcp-a2a", description="dcp_a2a: the packed all-to-all combine for Decode Context "
+                                    "Parallel attention, and its validation suite.")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     v = sub.add_parser(
         "validate", help="run every test tier this machine supports and write a report",
@@ -56,8 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="tiers to run (unit,kernel,multiproc,conformance,numerics,gpu,multigpu,"
                         "e2e); default: every tier this machine supports")
     v.add_argument("--quick", action="store_true",
-                   help="fast pre-commit subset: unit, kernel, conformance, numerics without slow "
-                        "tests, one case per test function")
+                   help="fast pre-commit subset: unit, kernel and conformance tests that need "
+                        "neither process groups (multiproc) nor numerics, no slow tests, one case "
+                        "per test function")
     v.add_argument("--evals", action="store_true",
                    help="also run the e2e tier: its tests, logit parity and a GSM8K subset "
                         "(needs the eval model and data)")
@@ -72,8 +75,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default reference,packed)")
     v.add_argument("--out", type=Path, default=Path("validation-report"), metavar="DIR",
                    help="report directory (default ./validation-report)")
-    v.add_argument("-j", "--workers", type=_workers, default="auto", metavar="N",
-                   help="pytest-xdist workers ('auto' = one per CPU, 0 = no xdist)")
+    v.add_argument("-j", "--workers", type=_workers, default=None, metavar="N",
+                   help="pytest-xdist workers ('auto' = one per CPU, 0 = no xdist; default auto, "
+                        "or 0 with --quick: starting workers costs more than the subset)")
     v.add_argument("--suite", type=Path, default=None, metavar="DIR",
                    help="directory holding tests/ (default: the checkout this package is in)")
     v.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -217,6 +221,8 @@ def validate(args) -> int:
     if requested and "e2e" in requested:
         args.evals = True
     plans = val.plan_tiers(machine, requested, args.evals, quick=args.quick)
+    if args.workers is None:
+        args.workers = 0 if args.quick else "auto"
     runs = val.plan_runs(plans, args.workers if machine["modules"]["xdist"] else None)
     extra = list(args.pytest_args or [])
     if extra and extra[0] == "--":
@@ -274,7 +280,8 @@ def validate(args) -> int:
                          "collect_errors": res.session.get("collect_errors", 0),
                          "problem": run_problem(res)})
     failures = [{"nodeid": r["nodeid"], "tiers": r.get("tiers", []), "outcome": r["outcome"],
-                 "phase": r.get("phase"), "text": r.get("text", "")}
+                 "phase": r.get("phase"), "message": r.get("message", ""),
+                 "text": r.get("text", "")}
                 for r in records if r["outcome"] in ("failed", "error")]
     untiered = [d["nodeid"] for d in dropped if not d["tiers"]]
 

@@ -15,9 +15,16 @@ import torch
 import triton
 import triton.language as tl
 
-from ._launch import bits, next_pow2, require_runnable_device
+from ._launch import as_words as _as_words, bits, next_pow2, require_runnable_device
 from .tuning import combine_launch
-from .merge_math import load_f32, merge_weights, store_from_f32, weighted_term
+from .merge_math import (
+    join_pair_from_f32,
+    load_f32,
+    merge_weights,
+    split_pair_f32,
+    store_from_f32,
+    weighted_term,
+)
 from .wire import check_wire_buffer, lse_pack_dim as _lse_pack_dim, require_int
 
 
@@ -47,9 +54,11 @@ def _combine_kernel(
     B, HPR, D,
     s_dn, s_db, s_dh, s_dd, s_ln, s_lb, s_lh,
     N: tl.constexpr, LSE_LANES: tl.constexpr, BASE_E: tl.constexpr,
-    RETURN_LSE: tl.constexpr, IS_BF16: tl.constexpr,
+    RETURN_LSE: tl.constexpr, IS_BF16: tl.constexpr, PAIRS: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
+    """PAIRS: the data (and output) pointers are 32-bit words holding two 16-bit values, D and
+    the strides count words, and a packed LSE is the word at index D (LSE_LANES == 1)."""
     b = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1).to(tl.int64) * BLOCK_H + tl.arange(0, BLOCK_H)
     n = tl.arange(0, BLOCK_N)
@@ -66,14 +75,28 @@ def _combine_kernel(
     for d0 in range(0, D, BLOCK_D):
         d = d0 + tl.arange(0, BLOCK_D)
         md = h_ok[:, None] & (d < D)[None, :]
-        acc = tl.zeros((BLOCK_H, BLOCK_D), dtype=tl.float32)
-        for r in tl.static_range(N):
-            # this rank's column of the weight tile (a sum of one value and zeros: exact)
-            sc = tl.sum(tl.where((n == r)[:, None], scale, 0.0), axis=0)
-            offs = r * s_dn + b * s_db + h[:, None] * s_dh + d[None, :] * s_dd
-            x = load_f32(data_ptr, data_bits_ptr, offs, md, IS_BF16)
-            acc += weighted_term(sc[:, None], x)
-        store_from_f32(out_ptr, out_bits_ptr, out_row[:, None] + d[None, :], acc, md, IS_BF16)
+        if PAIRS:
+            acc = tl.zeros((BLOCK_H, BLOCK_D), dtype=tl.float32)
+            acc_hi = tl.zeros((BLOCK_H, BLOCK_D), dtype=tl.float32)
+            for r in tl.static_range(N):
+                sc = tl.sum(tl.where((n == r)[:, None], scale, 0.0), axis=0)
+                offs = r * s_dn + b * s_db + h[:, None] * s_dh + d[None, :] * s_dd
+                lo, hi = split_pair_f32(tl.load(data_bits_ptr + offs, mask=md, other=0),
+                                        IS_BF16)
+                acc += weighted_term(sc[:, None], lo)
+                acc_hi += weighted_term(sc[:, None], hi)
+            tl.store(out_bits_ptr + out_row[:, None] + d[None, :],
+                     join_pair_from_f32(acc, acc_hi, IS_BF16), mask=md)
+        else:
+            acc = tl.zeros((BLOCK_H, BLOCK_D), dtype=tl.float32)
+            for r in tl.static_range(N):
+                # this rank's column of the weight tile (a sum of one value and zeros: exact)
+                sc = tl.sum(tl.where((n == r)[:, None], scale, 0.0), axis=0)
+                offs = r * s_dn + b * s_db + h[:, None] * s_dh + d[None, :] * s_dd
+                x = load_f32(data_ptr, data_bits_ptr, offs, md, IS_BF16)
+                acc += weighted_term(sc[:, None], x)
+            store_from_f32(out_ptr, out_bits_ptr, out_row[:, None] + d[None, :], acc, md,
+                           IS_BF16)
     if RETURN_LSE:
         tl.store(lse_out_ptr + b * HPR + h, g, mask=h_ok)
 
@@ -110,21 +133,30 @@ def _scale_kernel(
 
 
 def _launch_combine(data, data_bits, lse, N, B, hpr, D, lse_lanes, return_lse, base_e):
+    """``data_bits`` is the integer view of the buffer holding ``data`` (the whole wire row when
+    the LSE is packed); ``D`` the number of output lanes."""
     out = torch.empty((B, hpr, D), dtype=data.dtype, device=data.device)
     lse_out = torch.empty((B, hpr), dtype=torch.float32, device=data.device)
-    if B > 0 and hpr > 0:
-        require_runnable_device(data)
-        cfg = combine_launch(N, B, hpr, D)
-        lse_strides = lse.stride() if lse is not None else (0, 0, 0)
-        _combine_kernel[(B, triton.cdiv(hpr, cfg.block_h))](
-            data, data_bits, lse if lse is not None else lse_out, out, bits(out), lse_out,
-            B, hpr, D,
-            data.stride(0), data.stride(1), data.stride(2), data.stride(3), *lse_strides,
-            N=N, LSE_LANES=lse_lanes, BASE_E=bool(base_e), RETURN_LSE=bool(return_lse),
-            IS_BF16=data.dtype == torch.bfloat16,
-            BLOCK_N=next_pow2(N), BLOCK_H=cfg.block_h, BLOCK_D=cfg.block_d,
-            num_warps=cfg.num_warps,
-        )
+    if B == 0 or hpr == 0:
+        return (out, lse_out) if return_lse else out
+    require_runnable_device(data)
+    words = _as_words(data_bits) if D % 2 == 0 else None
+    if words is not None:  # two 16-bit lanes per 32-bit access; the LSE is one word
+        src, src_bits, out_bits, lanes = words, words, out.view(torch.int32), D // 2
+        lse_lanes = min(lse_lanes, 1)
+    else:
+        src, src_bits, out_bits, lanes = data, data_bits, bits(out), D
+    cfg = combine_launch(N, B, hpr, lanes)
+    lse_strides = lse.stride() if lse is not None else (0, 0, 0)
+    _combine_kernel[(B, triton.cdiv(hpr, cfg.block_h))](
+        src, src_bits, lse if lse is not None else lse_out, out, out_bits, lse_out,
+        B, hpr, lanes,
+        src.stride(0), src.stride(1), src.stride(2), src.stride(3), *lse_strides,
+        N=N, LSE_LANES=lse_lanes, BASE_E=bool(base_e), RETURN_LSE=bool(return_lse),
+        IS_BF16=data.dtype == torch.bfloat16, PAIRS=words is not None,
+        BLOCK_N=next_pow2(N), BLOCK_H=cfg.block_h, BLOCK_D=cfg.block_d,
+        num_warps=cfg.num_warps,
+    )
     return (out, lse_out) if return_lse else out
 
 

@@ -106,3 +106,28 @@ def store_from_f32(ptr, bits_ptr, offs, y, mask, IS_BF16: tl.constexpr):
         tl.store(bits_ptr + offs, f32_to_bf16_bits(y), mask=mask)
     else:
         tl.store(ptr + offs, y.to(ptr.dtype.element_ty), mask=mask)
+
+
+# Two 16-bit values in one 32-bit word (the element at the lower address in the low half).
+# Reading the wire as words halves the number of memory instructions: its rows (D+2 lanes) are
+# 4-byte but never 16-byte aligned, so 4 bytes is the widest access it allows.
+@triton.jit
+def split_pair_f32(w, IS_BF16: tl.constexpr):
+    if IS_BF16:
+        lo = (w << 16).to(tl.float32, bitcast=True)
+        hi = (w & -65536).to(tl.float32, bitcast=True)
+    else:
+        lo = w.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+        hi = (w >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    return lo, hi
+
+
+@triton.jit
+def join_pair_from_f32(lo, hi, IS_BF16: tl.constexpr):
+    if IS_BF16:
+        lo_bits = f32_to_bf16_bits(lo)
+        hi_bits = f32_to_bf16_bits(hi)
+    else:
+        lo_bits = lo.to(tl.float16).to(tl.int16, bitcast=True)
+        hi_bits = hi.to(tl.float16).to(tl.int16, bitcast=True)
+    return (hi_bits.to(tl.int32) << 16) | (lo_bits.to(tl.int32) & 0xFFFF)

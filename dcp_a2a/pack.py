@@ -14,7 +14,14 @@ import torch
 import triton
 import triton.language as tl
 
-from ._launch import bits, next_pow2, require_disjoint, require_runnable_device, search_steps
+from ._launch import (
+    as_words as _as_words,
+    bits,
+    next_pow2,
+    require_disjoint,
+    require_runnable_device,
+    search_steps,
+)
 from .merge_math import row_is_empty
 from .tuning import pack_launch
 from .wire import (
@@ -120,13 +127,19 @@ def pack_send(out, lse, send, world_size, h_per_rank, head_dim, lse_pack_dim,
         return
     require_runnable_device(out)
     sl, qsl, num_seqs, steps, has_mask = _mask_args(seq_lens, query_start_loc, out)
-    cfg = pack_launch(B, H, D)
+    src, dst, lanes, lanes_p = bits(out), bits(send), D, p
+    if p == 2 and D % 2 == 0:
+        words = _as_words(out)
+        if words is not None:
+            # two 16-bit lanes per 32-bit access; the fp32 LSE is then exactly one word
+            src, dst, lanes, lanes_p = words, send.view(torch.int32), D // 2, 1
+    cfg = pack_launch(B, H, lanes)
     grid = (B, triton.cdiv(H, cfg.block_h))
     _pack_kernel[grid](
-        bits(out), lse, bits(send), sl, qsl,
-        B, H, hpr, D, num_seqs, steps,
-        out.stride(0), out.stride(1), out.stride(2), lse.stride(0), lse.stride(1),
-        P=p, HAS_MASK=has_mask, BLOCK_H=cfg.block_h, BLOCK_D=cfg.block_d,
+        src, lse, dst, sl, qsl,
+        B, H, hpr, lanes, num_seqs, steps,
+        src.stride(0), src.stride(1), src.stride(2), lse.stride(0), lse.stride(1),
+        P=lanes_p, HAS_MASK=has_mask, BLOCK_H=cfg.block_h, BLOCK_D=cfg.block_d,
         num_warps=cfg.num_warps,
     )
 

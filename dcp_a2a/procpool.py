@@ -85,7 +85,6 @@ class RankContext:
     backend: str
     device: Any                       # torch.device the rank computes on
     groups: dict = field(repr=False)  # n -> ProcessGroup of ranks 0..n-1 (n == world: WORLD)
-    state: dict = field(default_factory=dict, repr=False)  # per-rank scratch kept across tasks
 
     def process_group(self, n: int | None = None):
         n = self.world_size if n is None else n

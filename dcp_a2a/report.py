@@ -54,7 +54,7 @@ def summary_table(report: dict) -> str:
                      fmt_headroom(t["headroom"]), fmt_time(t["time_s"])))
         extra = []
         if t["not_run"]:
-            extra.append(f"{_n(t['not_run'], 'test')} not run: also in a tier that cannot run here")
+            extra.append(f"{_n(t['not_run'], 'test')} not run: also in a tier not run here")
         if t["left_out"]:
             extra.append(f"{t['left_out']} left out by --quick")
         if t["status"] in ("skipped", "no tests") and t.get("reason"):
@@ -94,10 +94,12 @@ def summary_table(report: dict) -> str:
         out += ["", f"failures ({len(fails)}), grouped by their first error line:"]
         groups: dict[str, list] = {}
         for f in fails:
-            groups.setdefault(_first_error_line(f.get("text", "")), []).append(f)
+            line = (f.get("message") or "").strip().splitlines()[:1]
+            line = line[0][:160] if line else _first_error_line(f.get("text", ""))
+            groups.setdefault(line, []).append(f)
         for k, (line, fs) in enumerate(sorted(groups.items(), key=lambda kv: -len(kv[1]))):
-            if k == 8:
-                out.append(f"  ... {len(groups) - 8} more kinds (see validation.md)")
+            if k == 6:
+                out.append(f"  ... {len(groups) - 6} more kinds (see validation.md)")
                 break
             more = f" (+{len(fs) - 1} more like it)" if len(fs) > 1 else ""
             out.append(f"  {fs[0]['outcome'].upper():5} {fs[0]['nodeid']}{more}")
@@ -258,7 +260,9 @@ def write_markdown(report: dict, path: Path) -> None:
     if fails:
         L += ["", f"## Failures ({len(fails)})", ""]
         for f in fails[:50]:
-            L += [f"### {f['outcome']}: `{f['nodeid']}`", "", "```",
+            L += [f"### {f['outcome']}: `{f['nodeid']}`", "",
+                  f"{(f.get('message') or '').splitlines()[0] if f.get('message') else ''}",
+                  "", "```",
                   (f.get("text") or "").strip()[-3000:], "```", ""]
     skips = {}
     for t in report["tiers"]:

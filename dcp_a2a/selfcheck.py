@@ -8,7 +8,8 @@ Runs ``pytest -m conformance --impl SPEC -n JOBS`` once per implementation:
   must pass;
 * each mutant in ``tests/mutants/`` (one realistic bug per module, its docstring's first line
   names the class of failure): at least one conformance test must fail. Mutant runs stop at
-  the first failure (``-x``), so a killed mutant costs seconds.
+  the first failure (``-x``) and run in one process each (``--mutant-jobs 1``: starting xdist
+  workers costs more than the tests a mutant reaches), ``--parallel`` of them at a time.
 
 Prints a kill table (mutant, killed?, first failing test, time) and the wall time of each
 correct implementation's full run, and exits non-zero if a mutant survives, a correct
@@ -24,17 +25,20 @@ import argparse
 import ast
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 CORRECT = ("dcp_a2a", "reference.contract")
 MUTANTS_PACKAGE = "tests.mutants"
 _INTERRUPTED = "no result reported"
+_LIVE: set = set()  # pytest processes running now (killed, with their workers, on exit)
 
 
 @dataclass
@@ -45,6 +49,7 @@ class Run:
     verdict: str = ""            # correct: pass/FAIL/error; mutant: killed/SURVIVED/error
     first_failure: str = ""      # node id of the first failing test
     failure_text: str = ""       # its message, shortened
+    failure_text_full: str = field(default="", repr=False)
     passed: int = 0
     failed: int = 0
     skipped: int = 0
@@ -78,6 +83,55 @@ def discover_mutants(root: Path) -> list[tuple[str, str]]:
         first = doc.strip().splitlines()[0] if doc.strip() else "(no description)"
         out.append((f"{MUTANTS_PACKAGE}.{f.stem}", first))
     return out
+
+
+def describe_spec(spec: str) -> str:
+    """First docstring line of the module behind ``spec`` (found without importing it)."""
+    import importlib.util
+
+    try:
+        found = importlib.util.find_spec(spec.partition(":")[0])
+    except (ImportError, ValueError):
+        found = None
+    if found is None or not found.origin or not found.origin.endswith(".py"):
+        return "(not found)"
+    doc = ast.get_docstring(ast.parse(Path(found.origin).read_text())) or ""
+    return doc.strip().splitlines()[0] if doc.strip() else "(no description)"
+
+
+_PREFLIGHT = r"""
+import json, sys
+from dcp_a2a.impl import load_impl
+res = {}
+for spec in sys.argv[1:]:
+    try:
+        missing = load_impl(spec).missing()
+        res[spec] = f"missing {', '.join(missing)}" if missing else ""
+    except Exception as e:
+        res[spec] = f"{type(e).__name__}: {e}"
+print(json.dumps(res))
+"""
+
+
+def preflight(specs: list[str], root: Path, env: dict) -> dict[str, str]:
+    """{spec: problem} for implementations that cannot even be loaded (one subprocess for all:
+    a mutant may patch the project at import, which must not touch this process). A mutant that
+    fails to load would otherwise fail every test and pass for "killed"."""
+    if not specs:
+        return {}
+    proc = subprocess.run([sys.executable, "-c", _PREFLIGHT, *specs], cwd=root, env=env,
+                          capture_output=True, text=True, timeout=600)
+    try:
+        res = json.loads(proc.stdout.strip().splitlines()[-1])
+    except (json.JSONDecodeError, IndexError):
+        return {s: f"preflight failed: {proc.stderr.strip()[-500:]}" for s in specs}
+    return {s: msg for s, msg in res.items() if msg}
+
+
+# A traceback that ends inside the mutant with one of these is the mutant crashing (stale
+# against the project code it wraps), not the suite catching its bug.
+_MUTANT_CRASH = re.compile(r"tests/mutants/\w+\.py:\d+: (AttributeError|NameError|ImportError|"
+                           r"ModuleNotFoundError|SyntaxError)")
 
 
 def _short(text: str, limit: int = 300) -> str:
@@ -117,11 +171,24 @@ def _read_results(path: Path, run: Run) -> None:
                 if not run.first_failure:
                     run.first_failure = rec.get("nodeid", "?")
                     run.failure_text = _short(rec.get("text", ""))
+                    run.failure_text_full = rec.get("text", "")
+
+
+def _env(root: Path) -> dict:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(root)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    return env
 
 
 def run_one(spec: str, kind: str, *, root: Path, jobs: int, timeout: float, workdir: Path,
-            paths: list[str], marker: str, description: str = "") -> Run:
+            paths: list[str], marker: str, description: str = "",
+            broken: str = "") -> Run:
     run = Run(spec=spec, kind=kind, description=description)
+    if broken:
+        run.verdict = "error"
+        run.notes.append(f"cannot be loaded: {broken}")
+        return run
     prefix = workdir / spec.replace(".", "_")
     log = Path(str(prefix) + ".log")
     cmd = [sys.executable, "-m", "pytest", "-m", marker, "--impl", spec, "-q",
@@ -134,21 +201,26 @@ def run_one(spec: str, kind: str, *, root: Path, jobs: int, timeout: float, work
     if kind == "mutant":
         cmd.append("-x")
     cmd += paths
-    env = dict(os.environ)
+    env = _env(root)
     env["DCP_A2A_IMPL"] = spec
-    env["PYTHONPATH"] = os.pathsep.join([str(root)] + [p for p in
-                                                      env.get("PYTHONPATH", "").split(os.pathsep)
-                                                      if p])
     t0 = time.time()
     with open(log, "w") as fh:
+        fh.write(" ".join(cmd) + "\n")
+        fh.flush()
+        # its own session, so that a timeout or an interrupt ends pytest and all its workers
         proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=fh, stderr=subprocess.STDOUT,
                                 start_new_session=True)
+        _LIVE.add(proc)
         try:
             proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)  # the run's own process group: pytest + workers
-            proc.wait()
+            _kill_group(proc)
             run.notes.append(f"timed out after {timeout:.0f} s")
+        except BaseException:
+            _kill_group(proc)
+            raise
+        finally:
+            _LIVE.discard(proc)
     run.seconds = time.time() - t0
     run.log = str(log)
     _read_results(Path(str(prefix) + ".results.jsonl"), run)
@@ -165,7 +237,10 @@ def run_one(spec: str, kind: str, *, root: Path, jobs: int, timeout: float, work
         else:
             run.verdict = "pass"
     else:
-        if run.failed:
+        if run.failed and _MUTANT_CRASH.search(run.failure_text_full):
+            run.verdict = "error"
+            run.notes.append("the mutant itself crashed: " + run.failure_text)
+        elif run.failed:
             run.verdict = "killed"
         elif timed_out or run.collect_errors or run.exitstatus not in (0, 1, 5):
             run.verdict = "error"
@@ -174,6 +249,18 @@ def run_one(spec: str, kind: str, *, root: Path, jobs: int, timeout: float, work
         else:
             run.verdict = "SURVIVED"
     return run
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
+def _raise_on_sigterm(signum, frame):
+    raise SystemExit(128 + signum)
 
 
 def kill_table(runs: list[Run]) -> str:
@@ -199,12 +286,20 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m dcp_a2a.selfcheck", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--jobs", "-n", type=int, default=2,
-                    help="pytest-xdist workers per run (default 2; 1 runs without xdist)")
+                    help="pytest-xdist workers for a correct implementation's run (default 2; "
+                         "1 runs without xdist)")
+    ap.add_argument("--mutant-jobs", type=int, default=1,
+                    help="pytest-xdist workers per mutant run (default 1: no xdist)")
+    ap.add_argument("--parallel", type=int, default=2,
+                    help="mutant runs at a time (default 2)")
     ap.add_argument("--only", nargs="+", metavar="NAME",
                     help="run only these mutants (module names) and correct implementations")
     ap.add_argument("--correct", nargs="*", default=list(CORRECT), metavar="SPEC",
                     help=f"correct implementations to run (default: {' '.join(CORRECT)})")
     ap.add_argument("--no-mutants", action="store_true", help="run the correct ones only")
+    ap.add_argument("--mutants", nargs="+", metavar="SPEC", dest="mutant_specs",
+                    help="judge these implementation specs as mutants instead of tests/mutants/ "
+                         "(e.g. to check that a suspected bug is caught)")
     ap.add_argument("--paths", nargs="*", default=["tests"],
                     help="test paths handed to pytest (default: tests)")
     ap.add_argument("--marker", default="conformance", help="pytest -m expression")
@@ -216,7 +311,12 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     root = repo_root()
-    mutants = discover_mutants(root)
+    if str(root) not in sys.path:
+        sys.path.insert(0, str(root))
+    if args.mutant_specs:
+        mutants = [(spec, describe_spec(spec)) for spec in args.mutant_specs]
+    else:
+        mutants = discover_mutants(root)
     if args.list:
         for spec, desc in mutants:
             print(f"{spec.rsplit('.', 1)[-1]:32s} {desc}")
@@ -235,21 +335,40 @@ def main(argv=None) -> int:
 
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="dcp_a2a_selfcheck_"))
     workdir.mkdir(parents=True, exist_ok=True)
-    plan = [(s, "correct", "") for s in correct] + [(s, "mutant", d) for s, d in mutants]
-    runs = []
-    t0 = time.time()
-    try:
-        from tqdm import tqdm
-        progress = tqdm(plan, desc="selfcheck", unit="impl", file=sys.stderr,
-                        disable=not sys.stderr.isatty())
-    except ImportError:  # pragma: no cover - tqdm is a dependency
-        progress = plan
-    for spec, kind, desc in progress:
-        run = run_one(spec, kind, root=root, jobs=args.jobs, timeout=args.timeout,
-                      workdir=workdir, paths=args.paths, marker=args.marker, description=desc)
+    signal.signal(signal.SIGTERM, _raise_on_sigterm)
+    common = dict(root=root, timeout=args.timeout, workdir=workdir, paths=args.paths,
+                  marker=args.marker)
+    total_runs = len(correct) + len(mutants)
+    runs: list[Run] = []
+
+    def report(run: Run) -> None:
         runs.append(run)
-        print(f"[{len(runs)}/{len(plan)}] {spec}: {run.verdict} in {run.seconds:.1f} s"
+        print(f"[{len(runs)}/{total_runs}] {run.spec}: {run.verdict} in {run.seconds:.1f} s"
               + (f" ({run.first_failure})" if run.first_failure else ""), flush=True)
+
+    t0 = time.time()
+    broken = preflight(correct + [m for m, _ in mutants], root, _env(root))
+    # correct implementations one at a time, alone on the machine: their wall time is the
+    # conformance tier's cost per implementation
+    try:
+        for spec in correct:
+            report(run_one(spec, "correct", jobs=args.jobs, broken=broken.get(spec, ""),
+                           **common))
+    finally:
+        for proc in list(_LIVE):
+            _kill_group(proc)
+    pool = ThreadPoolExecutor(max_workers=max(1, args.parallel))
+    try:
+        futures = [pool.submit(run_one, spec, "mutant", jobs=args.mutant_jobs, description=desc,
+                               broken=broken.get(spec, ""), **common) for spec, desc in mutants]
+        for fut in as_completed(futures):
+            report(fut.result())
+    finally:  # on an interrupt: end the running pytest sessions, then the threads waiting on them
+        for proc in list(_LIVE):
+            _kill_group(proc)
+        pool.shutdown(wait=True, cancel_futures=True)
+    order = {s: i for i, s in enumerate(correct + [m for m, _ in mutants])}
+    runs.sort(key=lambda r: order[r.spec])
     total = time.time() - t0
 
     print()

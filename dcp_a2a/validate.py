@@ -40,9 +40,10 @@ TIERS = ("unit", "kernel", "multiproc", "conformance", "numerics", "gpu", "multi
 CPU_TIERS = ("unit", "kernel", "multiproc", "conformance", "numerics")
 # tiers whose tests need something this machine may lack; their tests never run elsewhere
 GATED_TIERS = ("gpu", "multigpu", "e2e")
-# the quick subset: tiers without process groups (a test also marked multiproc is left out), slow
-# tests dropped, one case per test function
-QUICK_TIERS = ("unit", "kernel", "conformance", "numerics")
+# the quick subset: unit, kernel and conformance; a test also marked multiproc (spawning ranks) or
+# numerics (statistics, large batches, hypothesis) is left out; slow tests dropped; one case per
+# test function
+QUICK_TIERS = ("unit", "kernel", "conformance")
 QUICK_OUT_REASON = "not in the quick subset"
 
 REPO_ROOT = Path(__file__).resolve().parent.parent

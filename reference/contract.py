@@ -288,12 +288,18 @@ class ReferenceContract:
     def unpack_combine(self, recv, head_dim, lse_pack_dim, return_lse, is_lse_base_on_e):
         """Merge ``recv[N, B, H/N, D+P]``: ``out[B, H/N, D]`` in recv's dtype, and with
         ``return_lse`` also ``lse[B, H/N]`` float32 (base 2 when not ``is_lse_base_on_e``)."""
+        self.check_unpack(recv, head_dim, lse_pack_dim, return_lse, is_lse_base_on_e)
+        return self._combine(recv, head_dim, return_lse, is_lse_base_on_e)
+
+    def check_unpack(self, recv, head_dim, lse_pack_dim, return_lse, is_lse_base_on_e):
         _int("head_dim", head_dim, 1)
         _bool("return_lse", return_lse)
         _bool("is_lse_base_on_e", is_lse_base_on_e)
-        N, B, hpr = self.check_wire("recv", recv, head_dim, lse_pack_dim)
+        N, _, _ = self.check_wire("recv", recv, head_dim, lse_pack_dim)
         if N < 1:
             raise ValueError("recv must hold at least one peer slice (N >= 1)")
+
+    def _combine(self, recv, head_dim, return_lse, is_lse_base_on_e):
         lanes = recv.view(_INT_OF_WIDTH[recv.element_size()])[..., head_dim:]
         lses = self.lanes_to_lse(lanes)
         w, g = self.merge_weights(lses, is_lse_base_on_e)

@@ -51,7 +51,9 @@ def test_explicit_tiers_and_quick():
     assert p["kernel"][1] == "not selected (--tiers)"
     q = runs(val.plan_tiers(machine(), None, evals=False, quick=True))
     assert [t for t in val.TIERS if q[t][0]] == list(val.QUICK_TIERS)
-    assert q["multiproc"][1] == "not in the quick subset"
+    assert q["multiproc"][1] == q["numerics"][1] == "not in the quick subset"
+    rs = val.plan_runs(val.plan_tiers(machine(), None, evals=False, quick=True), 0)
+    assert {"multiproc", "numerics", "gpu"} <= set(rs[0].exclude)
 
 
 def rec(nodeid, outcome, tiers, merges=(), text="", duration=1.0):

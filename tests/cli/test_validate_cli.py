@@ -48,6 +48,7 @@ def _failure_gives_nonzero_exit_and_is_listed(failing_run):
     assert code == cli.EXIT_FAILED and rep["ok"] is False
     assert [f["nodeid"] for f in rep["failures"]] == ["tests/kernel/test_kfail.py::test_too_far"]
     assert "over the bound" in rep["failures"][0]["text"]
+    assert rep["failures"][0]["message"].startswith("AssertionError: merge check")
 
 
 def _tiers_counted_from_markers_and_directories(failing_run):

@@ -13,7 +13,6 @@ import torch
 
 from dcp_a2a.procpool import RankPool
 from tests._data import DTYPES, bits_view, partials
-from tests.multiproc import mp_tasks
 from tests.multiproc.mp_tasks import heads_of
 from tests.multiproc.test_lse_reduce_multiproc import masked_partials, run_cases
 
