@@ -155,23 +155,30 @@ def _sweep(shape, ops, copy_gbps, h, hpr, d) -> list[Row]:
     rows = []
     for which, op in (("pack", "pack"), ("combine", "unpack_combine")):
         heads = h if which == "pack" else hpr
-        for bh in (1, 2, 4, 8, 16, 32):
-            if bh > heads:
-                continue
-            for bd in sorted({min(128, d), min(256, d), 512, 1024}):
-                if bd < d / 8 or bh * bd > 16384 or bh * bd < 128:
-                    continue
-                for nw in (2, 4, 8):
-                    tuning.OVERRIDES[which] = tuning.Launch(bh, bd, nw)
-                    fn, nbytes = ops[op]
-                    try:
-                        us, method = time_us(fn, nbytes)
-                    finally:
-                        tuning.OVERRIDES.pop(which, None)
-                    gbps = nbytes / (us * 1e-6) / 1e9
-                    rows.append(Row(shape, op, f"bh={bh} bd={bd} w={nw}", us, nbytes, gbps,
-                                    100 * gbps / copy_gbps, method))
+        for bh, bd, nw, stream in _variants(heads, d):
+            tuning.OVERRIDES[which] = tuning.Launch(bh, bd, nw, stream)
+            fn, nbytes = ops[op]
+            try:
+                us, method = time_us(fn, nbytes)
+            finally:
+                tuning.OVERRIDES.pop(which, None)
+            gbps = nbytes / (us * 1e-6) / 1e9
+            rows.append(Row(shape, op, f"bh={bh} bd={bd} w={nw}" + " cs" * stream, us,
+                            nbytes, gbps, 100 * gbps / copy_gbps, method))
     return rows
+
+
+def _variants(heads, d):
+    """Launch variants around the defaults (block sizes count 32-bit words on the paired path)."""
+    for bh in (1, 2, 4, 8, 16, 32):
+        if bh > heads:
+            continue
+        for bd in (64, 128, 256, 512):
+            if bd > max(64, d) or bh * bd > 8192 or bh * bd < 64:
+                continue
+            for nw in (2, 4, 8):
+                for stream in (False, True):
+                    yield bh, bd, nw, stream
 
 
 def table(rows: list[Row]) -> str:

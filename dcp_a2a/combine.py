@@ -55,7 +55,7 @@ def _combine_kernel(
     s_dn, s_db, s_dh, s_dd, s_ln, s_lb, s_lh,
     N: tl.constexpr, LSE_LANES: tl.constexpr, BASE_E: tl.constexpr,
     RETURN_LSE: tl.constexpr, IS_BF16: tl.constexpr, PAIRS: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, STREAM: tl.constexpr,
 ):
     """PAIRS: the data (and output) pointers are 32-bit words holding two 16-bit values, D and
     the strides count words, and a packed LSE is the word at index D (LSE_LANES == 1)."""
@@ -81,8 +81,12 @@ def _combine_kernel(
             for r in tl.static_range(N):
                 sc = tl.sum(tl.where((n == r)[:, None], scale, 0.0), axis=0)
                 offs = r * s_dn + b * s_db + h[:, None] * s_dh + d[None, :] * s_dd
-                lo, hi = split_pair_f32(tl.load(data_bits_ptr + offs, mask=md, other=0),
-                                        IS_BF16)
+                if STREAM:
+                    w = tl.load(data_bits_ptr + offs, mask=md, other=0,
+                                eviction_policy="evict_first")
+                else:
+                    w = tl.load(data_bits_ptr + offs, mask=md, other=0)
+                lo, hi = split_pair_f32(w, IS_BF16)
                 acc += weighted_term(sc[:, None], lo)
                 acc_hi += weighted_term(sc[:, None], hi)
             tl.store(out_bits_ptr + out_row[:, None] + d[None, :],
@@ -154,7 +158,7 @@ def _launch_combine(data, data_bits, lse, N, B, hpr, D, lse_lanes, return_lse, b
         src.stride(0), src.stride(1), src.stride(2), src.stride(3), *lse_strides,
         N=N, LSE_LANES=lse_lanes, BASE_E=bool(base_e), RETURN_LSE=bool(return_lse),
         IS_BF16=data.dtype == torch.bfloat16, PAIRS=words is not None,
-        BLOCK_N=next_pow2(N), BLOCK_H=cfg.block_h, BLOCK_D=cfg.block_d,
+        BLOCK_N=next_pow2(N), BLOCK_H=cfg.block_h, BLOCK_D=cfg.block_d, STREAM=cfg.stream,
         num_warps=cfg.num_warps,
     )
     return (out, lse_out) if return_lse else out

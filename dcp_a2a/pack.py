@@ -42,7 +42,7 @@ def _pack_kernel(
     B, H, HPR, D, num_seqs, steps,
     s_ob, s_oh, s_od, s_lb, s_lh,
     P: tl.constexpr, HAS_MASK: tl.constexpr,
-    BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, STREAM: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1).to(tl.int64) * BLOCK_H + tl.arange(0, BLOCK_H)
@@ -54,8 +54,13 @@ def _pack_kernel(
     for d0 in range(0, D, BLOCK_D):
         d = d0 + tl.arange(0, BLOCK_D)
         m = h_ok[:, None] & (d < D)[None, :]
-        x = tl.load(out_bits_ptr + src_row[:, None] + d[None, :] * s_od, mask=m)
-        tl.store(send_bits_ptr + row[:, None] + d[None, :], x, mask=m)
+        if STREAM:
+            x = tl.load(out_bits_ptr + src_row[:, None] + d[None, :] * s_od, mask=m,
+                        eviction_policy="evict_first")
+            tl.store(send_bits_ptr + row[:, None] + d[None, :], x, mask=m, cache_modifier=".cs")
+        else:
+            x = tl.load(out_bits_ptr + src_row[:, None] + d[None, :] * s_od, mask=m)
+            tl.store(send_bits_ptr + row[:, None] + d[None, :], x, mask=m)
 
     lse = tl.load(lse_ptr + b * s_lb + h * s_lh, mask=h_ok).to(tl.float32)
     if HAS_MASK:
@@ -140,7 +145,7 @@ def pack_send(out, lse, send, world_size, h_per_rank, head_dim, lse_pack_dim,
         B, H, hpr, lanes, num_seqs, steps,
         src.stride(0), src.stride(1), src.stride(2), lse.stride(0), lse.stride(1),
         P=lanes_p, HAS_MASK=has_mask, BLOCK_H=cfg.block_h, BLOCK_D=cfg.block_d,
-        num_warps=cfg.num_warps,
+        STREAM=cfg.stream, num_warps=cfg.num_warps,
     )
 
 

@@ -265,17 +265,20 @@ def _raise_on_sigterm(signum, frame):
 
 def kill_table(runs: list[Run]) -> str:
     """Markdown tables: correct implementations, then the mutants."""
-    lines = ["| implementation | verdict | passed | failed | skipped | wall time |",
-             "|---|---|---|---|---|---|"]
-    for r in runs:
-        if r.kind == "correct":
-            lines.append(f"| `{r.spec}` | {r.verdict} | {r.passed} | {r.failed} | {r.skipped} "
-                         f"| {r.seconds:.1f} s |")
-    lines += ["", "| mutant | killed? | first failing test | time | failure class |",
+    lines = []
+    if any(r.kind == "correct" for r in runs):
+        lines += ["| implementation | verdict | passed | failed | skipped | wall time |",
+                  "|---|---|---|---|---|---|"]
+        for r in runs:
+            if r.kind == "correct":
+                lines.append(f"| `{r.spec}` | {r.verdict} | {r.passed} | {r.failed} | "
+                             f"{r.skipped} | {r.seconds:.1f} s |")
+        lines.append("")
+    lines += ["| mutant | killed? | first failing test | time | failure class |",
               "|---|---|---|---|---|"]
     for r in runs:
         if r.kind == "mutant":
-            name = r.spec.rsplit(".", 1)[-1]
+            name = r.spec.removeprefix(MUTANTS_PACKAGE + ".")
             killed = {"killed": "yes", "SURVIVED": "**NO**"}.get(r.verdict, f"**{r.verdict}**")
             lines.append(f"| `{name}` | {killed} | `{r.first_failure or '-'}` | "
                          f"{r.seconds:.1f} s | {r.description} |")

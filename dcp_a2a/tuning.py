@@ -17,6 +17,7 @@ class Launch:
     block_h: int
     block_d: int
     num_warps: int
+    stream: bool = False  # streaming cache hints: evict-first loads, .cs stores
 
 
 OVERRIDES: dict[str, Launch] = {}
@@ -29,22 +30,26 @@ def _fit(block_h: int, heads: int) -> int:
 def pack_launch(batch: int, heads: int, head_dim: int) -> Launch:
     if "pack" in OVERRIDES:
         o = OVERRIDES["pack"]
-        return Launch(_fit(o.block_h, heads), min(o.block_d, next_pow2(head_dim)), o.num_warps)
+        return Launch(_fit(o.block_h, heads), min(o.block_d, next_pow2(head_dim)), o.num_warps,
+                      o.stream)
     block_d = min(next_pow2(head_dim), 1024)
     if _env.INTERPRET:  # numpy: bigger tiles, fewer programs
         return Launch(_fit(4096 // block_d, heads), block_d, 4)
     if batch * heads <= 1024:  # decode: many small programs for latency
         return Launch(_fit(max(1, 1024 // block_d), heads), block_d, 2)
-    return Launch(_fit(max(1, 8192 // block_d), heads), block_d, 8)
+    # a whole (peer, token) slab per program: 16 heads x 256 words at D=512 bf16
+    return Launch(_fit(max(1, 4096 // block_d), heads), block_d, 8)
 
 
 def combine_launch(ranks: int, batch: int, heads: int, head_dim: int) -> Launch:
     if "combine" in OVERRIDES:
         o = OVERRIDES["combine"]
-        return Launch(_fit(o.block_h, heads), min(o.block_d, next_pow2(head_dim)), o.num_warps)
+        return Launch(_fit(o.block_h, heads), min(o.block_d, next_pow2(head_dim)), o.num_warps,
+                      o.stream)
     block_d = min(next_pow2(head_dim), 512)
     if _env.INTERPRET:
         return Launch(_fit(4096 // block_d, heads), block_d, 4)
     if batch * heads <= 256:  # decode: one head per program for latency
-        return Launch(1, block_d, 4)
-    return Launch(_fit(max(1, 1024 // block_d), heads), block_d, 2)
+        return Launch(1, block_d, 8)
+    block_d = min(block_d, 128)
+    return Launch(_fit(max(1, 1024 // block_d), heads), block_d, 8)

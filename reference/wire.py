@@ -28,7 +28,12 @@ def _lse_lanes(buf: torch.Tensor, head_dim: int) -> torch.Tensor:
     """The LSE lanes of ``buf`` as a float32 view [N, B, H/N] (shares memory)."""
     int_t = torch.int16 if buf.element_size() == 2 else torch.int32
     lanes = buf.view(int_t)[..., head_dim:]
-    return lanes.contiguous().view(torch.float32).squeeze(-1) if lanes.shape[-1] else lanes
+    if not lanes.shape[-1]:
+        return lanes
+    # a fresh buffer: .contiguous() may return the slice itself (size-1 dims), whose storage
+    # offset (head_dim 16-bit words) cannot be viewed as float32 when head_dim is odd
+    fresh = torch.empty(lanes.shape, dtype=lanes.dtype, device=lanes.device).copy_(lanes)
+    return fresh.view(torch.float32).squeeze(-1)
 
 
 def row_mask(num_rows: int, seq_lens, query_start_loc) -> torch.Tensor:
