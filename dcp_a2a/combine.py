@@ -16,7 +16,7 @@ import triton
 import triton.language as tl
 
 from ._launch import as_words as _as_words, bits, next_pow2, require_runnable_device
-from .tuning import combine_launch
+from .tuning import combine_launch, scale_launch
 from .merge_math import (
     join_pair_from_f32,
     load_f32,
@@ -213,7 +213,7 @@ def scale_for_reduce_scatter(out, lse_all, rank, return_lse, is_lse_base_on_e, d
     lse_out = torch.empty((B, hpr), dtype=torch.float32, device=out.device)
     if B > 0 and H > 0:
         require_runnable_device(out)
-        cfg = combine_launch(N, B, H, D)
+        cfg = scale_launch(N, B, H, D)
         _scale_kernel[(B, triton.cdiv(H, cfg.block_h))](
             out, bits(out), lse_all.contiguous(), dst, bits(dst), lse_out,
             N, B, H, hpr, D, rank,

@@ -36,7 +36,7 @@ def pack_launch(batch: int, heads: int, head_dim: int) -> Launch:
     if _env.INTERPRET:  # numpy: bigger tiles, fewer programs
         return Launch(_fit(4096 // block_d, heads), block_d, 4)
     if batch * heads <= 1024:  # decode: many small programs for latency
-        return Launch(_fit(max(1, 1024 // block_d), heads), block_d, 2)
+        return Launch(_fit(max(1, 512 // block_d), heads), block_d, 2)
     # a whole (peer, token) slab per program: 16 heads x 256 words at D=512 bf16
     return Launch(_fit(max(1, 4096 // block_d), heads), block_d, 8)
 
@@ -53,3 +53,11 @@ def combine_launch(ranks: int, batch: int, heads: int, head_dim: int) -> Launch:
         return Launch(1, block_d, 8)
     block_d = min(block_d, 128)
     return Launch(_fit(max(1, 1024 // block_d), heads), block_d, 8)
+
+
+def scale_launch(ranks: int, batch: int, heads: int, head_dim: int) -> Launch:
+    """The AG+RS weighting kernel (a read and a write of the local output)."""
+    if "scale" in OVERRIDES:
+        return OVERRIDES["scale"]
+    block_d = min(next_pow2(head_dim), 512)
+    return Launch(_fit(max(1, 4096 // block_d), heads), block_d, 4)
