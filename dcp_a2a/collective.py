@@ -129,6 +129,21 @@ _BACKEND_STEPS = {"packed": _packed, "two_collective": _two_collective, "ag_rs":
 
 
 # --------------------------------------------------------------------------- real collectives
+def _all_gather(out, inp, group):
+    import torch.distributed as dist
+
+    # torch >= 2.13 renames all_gather_into_tensor (and warns on the old name)
+    fn = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    return fn(out, inp, group=group)
+
+
+def _reduce_scatter(out, inp, group):
+    import torch.distributed as dist
+
+    fn = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+    return fn(out, inp, group=group)
+
+
 def _dist_step(kind: str, payload, pg, world_size: int):
     import torch.distributed as dist
 
@@ -145,11 +160,11 @@ def _dist_step(kind: str, payload, pg, world_size: int):
         return tuple(r for _, r in payload)
     if kind == "all_gather":
         local, gathered = payload
-        dist.all_gather_into_tensor(gathered.view(-1), local.contiguous().view(-1), group=pg)
+        _all_gather(gathered.view(-1), local.contiguous().view(-1), group=pg)
         return gathered
     if kind == "reduce_scatter":
         scaled, merged = payload
-        dist.reduce_scatter_tensor(merged.view(-1), scaled.view(-1), group=pg)
+        _reduce_scatter(merged.view(-1), scaled.view(-1), group=pg)
         return merged
     raise AssertionError(f"unknown step {kind}")
 
