@@ -61,6 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="fast pre-commit subset: unit, kernel and conformance tests that need "
                         "neither process groups (multiproc) nor numerics, no slow tests, one case "
                         "per test function")
+    v.add_argument("--no-slow", action="store_true",
+                   help="leave out tests marked slow (counted as not run in their tiers)")
     v.add_argument("--evals", action="store_true",
                    help="also run the e2e tier: its tests, logit parity and a GSM8K subset "
                         "(needs the eval model and data)")
@@ -224,6 +226,9 @@ def validate(args) -> int:
     if args.workers is None:
         args.workers = 0 if args.quick else "auto"
     runs = val.plan_runs(plans, args.workers if machine["modules"]["xdist"] else None)
+    if args.no_slow:
+        for spec in runs:
+            spec.exclude = sorted(set(spec.exclude) | {"slow"})
     extra = list(args.pytest_args or [])
     if extra and extra[0] == "--":
         extra = extra[1:]
@@ -308,7 +313,8 @@ def validate(args) -> int:
         "wall_s": time.monotonic() - t_start,
         "command": ["dcp-a2a"] + sys.argv[1:],
         "options": {"impl": impl, "impl_missing": missing,
-                    "tiers": requested, "quick": args.quick, "evals": args.evals,
+                    "tiers": requested, "quick": args.quick, "no_slow": args.no_slow,
+                    "evals": args.evals,
                     "workers": args.workers, "out": str(out_dir), "pytest_args": extra,
                     "suite": str(suite),
                     "gsm8k_limit": args.gsm8k_limit},

@@ -306,8 +306,8 @@ def main(argv=None) -> int:
     ap.add_argument("--paths", nargs="*", default=["tests"],
                     help="test paths handed to pytest (default: tests)")
     ap.add_argument("--marker", default="conformance", help="pytest -m expression")
-    ap.add_argument("--timeout", type=float, default=300.0,
-                    help="seconds per implementation run before it is killed (default 300)")
+    ap.add_argument("--timeout", type=float, default=600.0,
+                    help="seconds per implementation run before it is killed (default 600)")
     ap.add_argument("--json", type=Path, help="also write the results as JSON here")
     ap.add_argument("--workdir", type=Path, help="keep logs and result records here")
     ap.add_argument("--list", action="store_true", help="list the mutants and exit")

@@ -12,6 +12,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 from dcp_a2a.selfcheck import discover_mutants
 
@@ -20,12 +21,18 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def _selfcheck(tmp_path, *args, timeout):
     out = tmp_path / "selfcheck.json"
-    proc = subprocess.run(
+    proc = subprocess.Popen(
         [sys.executable, "-m", "dcp_a2a.selfcheck", "--json", str(out),
          "--workdir", str(tmp_path / "runs"), *args],
-        cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.terminate()  # SIGTERM: the self-check ends the pytest sessions it started
+        stdout, stderr = proc.communicate(timeout=60)
+        raise AssertionError(f"selfcheck did not finish in {timeout} s:\n{stdout[-4000:]}")
     report = json.loads(out.read_text()) if out.exists() else None
-    return proc, report
+    return SimpleNamespace(returncode=proc.returncode, stdout=stdout, stderr=stderr), report
 
 
 def test_corpus_has_a_dozen_described_mutants():

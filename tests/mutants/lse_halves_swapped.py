@@ -1,7 +1,6 @@
 """Wire format: the fp32 LSE's two 16-bit halves written high-first, read back the same way (self-consistent, but no other engine can read it)."""
 
 from reference.contract import ReferenceContract
-import torch
 
 
 class Mutant(ReferenceContract):
