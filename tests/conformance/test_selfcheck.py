@@ -14,7 +14,11 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
+
 from dcp_a2a.selfcheck import discover_mutants
+
+pytestmark = pytest.mark.selfcheck
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -29,8 +29,10 @@ def exchange(sends):
     return [stacked[:, r].contiguous() for r in range(len(sends))]
 
 
-def merge_all(impl, outs, lses, *, return_lse, base_e, **mask):
+def merge_all(impl, outs, lses, *, return_lse, base_e, ranks=None, **mask):
+    """Every rank's (or only ``ranks``') unpack_combine result; None for the others."""
     d = outs.shape[-1]
     p = impl.lse_pack_dim(outs.dtype)
+    recvs = exchange(pack_all(impl, outs, lses, **mask))
     return [impl.unpack_combine(recv, d, p, return_lse, base_e)
-            for recv in exchange(pack_all(impl, outs, lses, **mask))]
+            if ranks is None or r in ranks else None for r, recv in enumerate(recvs)]

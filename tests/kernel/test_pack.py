@@ -24,7 +24,7 @@ def _ref_send(outs_r, lse_r, n, **mask):
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 8])
-@pytest.mark.parametrize("d", [1, 7, 64, 80, 96])
+@pytest.mark.parametrize("d", [1, 7, 80, 96])
 def test_send_buffer_bitwise(impl, device, dtype, n, d):
     outs, lses = partials(n, 3, 2 * n, d, dtype, seed=n * 100 + d, device=device)
     sends = pack_all(impl, outs, lses)
