@@ -400,6 +400,11 @@ def main(argv=None) -> int:
     backend = args.dist_backend
     if backend == "auto":
         backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if backend == "gloo" and not _env.INTERPRET:
+        # gloo ranks hold CPU tensors, which only Triton's interpreter runs; the kernels were
+        # defined compiled (a GPU machine), so start this rank again with the interpreter on
+        os.environ["TRITON_INTERPRET"] = "1"
+        os.execv(sys.executable, [sys.executable, "-m", "dcp_a2a.accuracy", *sys.argv[1:]])
     if backend == "nccl":
         if not torch.cuda.is_available():
             print("--dist-backend nccl needs CUDA", file=sys.stderr)

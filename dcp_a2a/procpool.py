@@ -33,6 +33,7 @@ disappears (a SIGKILLed test runner included).
 from __future__ import annotations
 
 import atexit
+import contextlib
 import faulthandler
 import os
 import pickle
@@ -209,6 +210,23 @@ def _describe_exit(code) -> str:
     return f"exited with code {code}"
 
 
+@contextlib.contextmanager
+def cpu_rank_environment():
+    """Start CPU (gloo) ranks under this: their tensors live on the CPU, so their Triton must be
+    the interpreter even on a machine with a GPU. The fork server is started by the first
+    Process.start() and captures os.environ then (and imports dcp_a2a in it), so the variable
+    must be set in the parent for that moment."""
+    old = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "1"
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("TRITON_INTERPRET", None)
+        else:
+            os.environ["TRITON_INTERPRET"] = old
+
+
 def _mp_context(method: str):
     import torch.multiprocessing as mp
 
@@ -238,7 +256,7 @@ class RankPool:
                  subgroup_sizes: Sequence[int] = (), pg_timeout: float = 20.0,
                  task_timeout: float = 60.0, startup_timeout: float = 180.0,
                  grace: float = 2.0, env: dict | None = None,
-                 start_method: str = "forkserver"):
+                 start_method: str | None = None):
         if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
             raise ValueError(f"world_size must be a positive int, got {world_size!r}")
         if backend not in ("gloo", "nccl"):
@@ -246,6 +264,9 @@ class RankPool:
         for n in subgroup_sizes:
             if not 1 <= n <= world_size:
                 raise ValueError(f"subgroup size {n} is not in [1, world_size={world_size}]")
+        # NCCL ranks use compiled kernels: spawn them fresh rather than from a fork server that
+        # may have imported dcp_a2a for interpreted (gloo) ranks
+        start_method = start_method or ("forkserver" if backend == "gloo" else "spawn")
         if start_method not in ("forkserver", "spawn"):
             raise ValueError(f"start_method must be 'forkserver' or 'spawn', got {start_method!r}")
         self.start_method = start_method
@@ -257,6 +278,8 @@ class RankPool:
         self.startup_timeout = float(startup_timeout)
         self.grace = float(grace)
         self.env = {"OMP_NUM_THREADS": "1", **(env or {})}
+        if backend == "gloo":
+            self.env["TRITON_INTERPRET"] = "1"
         self.starts = 0          # how many times the ranks were (re)started
         self.spawned_pids: list[int] = []  # every rank process this pool ever started
         self._procs: list = []
@@ -298,7 +321,9 @@ class RankPool:
                       self.pg_timeout, self.subgroup_sizes, child_end, self._stack_file(r),
                       os.getpid(), {**os.environ, **self.env}, list(sys.path)),
             )
-            p.start()
+            with (cpu_rank_environment() if self.backend == "gloo"
+                  else contextlib.nullcontext()):
+                p.start()
             self.spawned_pids.append(p.pid)
             child_end.close()
             self._procs.append(p)

@@ -85,6 +85,9 @@ def scenario_inputs(sc: Scenario):
     return outs, lses, seq_lens, qsl, seen
 
 
+from dcp_a2a.procpool import cpu_rank_environment  # noqa: E402
+
+
 def _rank_main(rank: int, init_file: str, out_dir: str, spec: str) -> None:
     os.environ["TRITON_INTERPRET"] = "1"  # CPU tensors over gloo, on any machine
     import torch.distributed as dist
@@ -147,8 +150,9 @@ def run_group(spec: str, out_dir: Path) -> dict:
     t0 = time.time()
     procs = [ctx.Process(target=_rank_main, args=(r, str(init_file), str(out_dir), spec),
                          daemon=True) for r in range(WORLD)]
-    for p in procs:
-        p.start()
+    with cpu_rank_environment():  # gloo ranks hold CPU tensors: the interpreter, on any machine
+        for p in procs:
+            p.start()
     problems = []
     for r, p in enumerate(procs):
         p.join(timeout=max(1.0, DEADLINE_S - (time.time() - t0)))
