@@ -29,6 +29,7 @@ import math
 import torch
 
 from .combine import sanitize_lse
+from . import wire
 from .wire import row_mask
 
 OUTPUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -90,14 +91,7 @@ class ReferenceContract:
     # ------------------------------------------------------------------- the wire format
     def lse_pack_dim(self, dtype: torch.dtype) -> int:
         """2 for float16/bfloat16, 1 for float32; ValueError naming any other dtype."""
-        if not isinstance(dtype, torch.dtype):
-            raise TypeError(f"lse_pack_dim expects a torch.dtype, got {type(dtype).__name__}")
-        if dtype in (torch.float16, torch.bfloat16):
-            return 2
-        if dtype == torch.float32:
-            return 1
-        raise ValueError(f"unsupported output dtype {dtype} for the packed DCP exchange: only "
-                         "torch.float16, torch.bfloat16 and torch.float32 have a wire format")
+        return wire.lse_pack_dim(dtype)
 
     def lse_to_fp32(self, lse: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
         """The LSE as float32 (exact for bf16/fp16 inputs); never rounded to ``out_dtype``."""

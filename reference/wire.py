@@ -16,12 +16,15 @@ from .combine import lse_weighted_combine
 
 
 def lse_pack_dim(dtype: torch.dtype) -> int:
+    """2 for float16/bfloat16, 1 for float32; ValueError naming any other dtype."""
+    if not isinstance(dtype, torch.dtype):
+        raise TypeError(f"lse_pack_dim expects a torch.dtype, got {type(dtype).__name__}")
     if dtype in (torch.float16, torch.bfloat16):
         return 2
     if dtype == torch.float32:
         return 1
-    raise ValueError(f"unsupported output dtype {dtype}: the wire format covers float16, "
-                     "bfloat16 and float32 only")
+    raise ValueError(f"unsupported output dtype {dtype} for the packed DCP exchange: only "
+                     "torch.float16, torch.bfloat16 and torch.float32 have a wire format")
 
 
 def _lse_lanes(buf: torch.Tensor, head_dim: int) -> torch.Tensor:

@@ -11,19 +11,11 @@ from __future__ import annotations
 
 import torch
 
-from tests._data import poison_like
+from tests.kernel._exchange import pack_all
 
 
 def _send_buffers(impl, outs, lses):
-    n, b, h, d = outs.shape
-    p = impl.lse_pack_dim(outs.dtype)
-    sends = []
-    for r in range(n):
-        send = poison_like(torch.empty((n, b, h // n, d + p), dtype=outs.dtype,
-                                       device=outs.device))
-        impl.pack_send(outs[r], lses[r], send, n, h // n, d, p)
-        sends.append(send)
-    return torch.stack(sends)  # [src, dst, B, H/N, D+P]
+    return torch.stack(pack_all(impl, outs, lses))  # [src, dst, B, H/N, D+P]
 
 
 def merge_rank(impl, outs, lses, rank, *, is_lse_base_on_e=True, return_lse=True):
