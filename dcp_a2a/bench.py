@@ -1,6 +1,7 @@
 """Benchmark of the local work of each path on one GPU (the exchange skipped).
 
     python -m dcp_a2a.bench [--out bench.json] [--quick] [--sweep]
+    torchrun --nproc-per-node N -m dcp_a2a.bench --collective [--shapes BxH,...] [--out f.json]
 
 Per shape: pack, unpack-combine, packed total (pack + unpack), two_collective local work (output
 permute copy + LSE staging + combine), ag_rs local work (LSE staging + weighting), and a naive
@@ -8,8 +9,13 @@ PyTorch version of pack + unpack. The device copy bandwidth is measured in the s
 (a large device-to-device copy, bytes read + written) and every row reports GB/s and % of it.
 Small shapes are timed as CUDA-graph replays of many back-to-back calls; large ones with
 ``triton.testing.do_bench`` (median of event-timed runs). ``--sweep`` times launch variants
-(dcp_a2a.tuning) for pack and unpack-combine. With several GPUs, the end-to-end exchange
-benchmark runs under torchrun (see docs/perf.md).
+(dcp_a2a.tuning) for pack and unpack-combine.
+
+``--collective`` (under torchrun, one rank per GPU, NCCL) times the real exchange end to end:
+``lse_reduce`` with each backend (packed, two_collective, ag_rs), median over iterations, as
+CUDA-graph replays where the path captures (NCCL collectives do) and with events otherwise;
+rank 0 prints the table and the two_collective/packed and ag_rs/packed ratios. Without CUDA it
+runs on gloo with CPU tensors (a smoke test of the code path; the times mean nothing).
 """
 
 from __future__ import annotations
@@ -190,12 +196,111 @@ def table(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
+COLLECTIVE_SHAPES = [(b, h) for h in (64, 128) for b in (1, 16, 128, 1024, 8192)]
+
+
+def _time_collective(fn, device, iters: int) -> tuple[float, str]:
+    import torch.distributed as dist
+
+    for _ in range(3):
+        fn()
+    if device.type == "cuda":
+        try:
+            torch.cuda.synchronize()
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                fn()
+            runner, method = g.replay, "graph"
+        except Exception:  # a path that does not capture: plain launches
+            torch.cuda.synchronize()
+            runner, method = fn, "events"
+        times = []
+        for _ in range(iters):
+            dist.barrier()
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            runner()
+            b.record()
+            torch.cuda.synchronize()
+            times.append(a.elapsed_time(b) * 1e3)
+    else:
+        import time
+
+        times, method = [], "wall"
+        for _ in range(iters):
+            dist.barrier()
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e6)
+    times.sort()
+    return times[len(times) // 2], method
+
+
+def collective_main(args) -> int:
+    """End-to-end lse_reduce per backend on the real group (run under torchrun)."""
+    import os
+
+    import torch.distributed as dist
+
+    from .collective import BACKENDS, Group, lse_reduce
+
+    cuda = torch.cuda.is_available()
+    dist.init_process_group("nccl" if cuda else "gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if cuda:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
+    group = Group.from_process_group()
+    shapes = ([tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
+              if args.shapes else COLLECTIVE_SHAPES)
+    d = args.head_dim
+    rows = []
+    for b, h in shapes:
+        if h % world:
+            continue
+        g = torch.Generator(device="cpu").manual_seed(rank)
+        out = torch.randn((b, h, d), generator=g).to(torch.bfloat16).to(device)
+        lse = (torch.randn((b, h), generator=g) * 4).to(device)
+        res = {}
+        for backend in BACKENDS:
+            us, method = _time_collective(
+                lambda: lse_reduce(out, lse, group, backend=backend), device, args.iters)
+            res[backend] = (us, method)
+        rows.append({"B": b, "H": h, "D": d, "N": world,
+                     **{f"{k}_us": v[0] for k, v in res.items()},
+                     **{f"{k}_timing": v[1] for k, v in res.items()},
+                     "two_collective_over_packed": res["two_collective"][0] / res["packed"][0],
+                     "ag_rs_over_packed": res["ag_rs"][0] / res["packed"][0]})
+    if rank == 0:
+        import json
+
+        with open(args.out, "w") as f:
+            json.dump({"world_size": world, "device": str(device),
+                       "nccl": ".".join(map(str, torch.cuda.nccl.version())) if cuda else None,
+                       "rows": rows}, f, indent=1)
+        print(f"{'B':>6} {'H':>4} {'packed us':>10} {'two_coll us':>12} {'ag_rs us':>10} "
+              f"{'2coll/packed':>12} {'ag_rs/packed':>12} timing")
+        for r in rows:
+            print(f"{r['B']:6d} {r['H']:4d} {r['packed_us']:10.1f} {r['two_collective_us']:12.1f} "
+                  f"{r['ag_rs_us']:10.1f} {r['two_collective_over_packed']:12.2f} "
+                  f"{r['ag_rs_over_packed']:12.2f} {r['packed_timing']}")
+    dist.destroy_process_group()
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="dcp-a2a-bench", description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default="bench.json")
     ap.add_argument("--quick", action="store_true", help="only the two target shapes")
     ap.add_argument("--sweep", action="store_true", help="also time launch variants")
+    ap.add_argument("--collective", action="store_true",
+                    help="under torchrun: time lse_reduce end to end per backend")
+    ap.add_argument("--shapes", default=None, help="with --collective: BxH,BxH,... (D=--head-dim)")
+    ap.add_argument("--head-dim", type=int, default=512)
+    ap.add_argument("--iters", type=int, default=50)
     args = ap.parse_args(argv)
+    if args.collective:
+        return collective_main(args)
     if not torch.cuda.is_available():
         print("dcp_a2a.bench needs a CUDA GPU (the CPU path is the Triton interpreter, which "
               "says nothing about speed)", file=sys.stderr)
