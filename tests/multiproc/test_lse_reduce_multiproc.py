@@ -54,6 +54,14 @@ def check_rank_result(merge_check, res, rank, n, outs, lses, case, *, kind="a2a"
                        heads=heads_of(rank, n, H))
 
 
+def _run_and_check(rank_pool, merge_check, n, cases, data):
+    """Run ``cases`` on every rank of the N-rank group and check each rank's results."""
+    results = run_cases(rank_pool, n, cases, data)
+    for r in range(n):
+        for case, (outs, lses, _), res in zip(cases, data, results[r]):
+            check_rank_result(merge_check, res, r, n, outs, lses, case)
+
+
 # --------------------------------------------------------------------------- data
 def masked_partials(n, dtype, *, seed, hpr=2, d=24, empty_rank=1):
     """Partials with empty KV shards and padding rows, and what the oracle must see.
@@ -101,10 +109,7 @@ def test_matches_oracle_on_every_rank(rank_pool, merge_check, impl, n, dtype):
         outs, lses = partials(n, 2, 2 * n, 40, dtype, seed=1000 * n + 10 * i + DTYPES.index(dtype))
         cases.append(dict(return_lse=ret, base_e=base_e, query_start_loc=None, backend=None))
         data.append((outs, lses, None))
-    results = run_cases(rank_pool, n, cases, data)
-    for r in range(n):
-        for case, (outs, lses, _), res in zip(cases, data, results[r]):
-            check_rank_result(merge_check, res, r, n, outs, lses, case)
+    _run_and_check(rank_pool, merge_check, n, cases, data)
 
 
 @pytest.mark.conformance
@@ -146,10 +151,7 @@ def test_shapes(rank_pool, merge_check, impl, n, b, h, d):
         outs, lses = partials(n, b, h, d, dtype, seed=500 + i + 7 * d + b)
         cases.append(dict(return_lse=i != 1, base_e=i != 2, query_start_loc=None, backend=None))
         data.append((outs, lses, None))
-    results = run_cases(rank_pool, n, cases, data)
-    for r in range(n):
-        for case, (outs, lses, _), res in zip(cases, data, results[r]):
-            check_rank_result(merge_check, res, r, n, outs, lses, case)
+    _run_and_check(rank_pool, merge_check, n, cases, data)
 
 
 @pytest.mark.conformance
