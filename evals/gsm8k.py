@@ -85,7 +85,8 @@ def paired(base: dict, other: dict, tokenizer) -> dict:
         while k < min(len(ta), len(tb)) and ta[k] == tb[k]:
             k += 1
         same += ta == tb
-        prefix.append(k / max(len(ta), len(tb), 1))
+        # identical generations (also two empty ones) agree fully
+        prefix.append(1.0 if ta == tb else k / max(len(ta), len(tb)))
     out["identical_generations"] = same / len(ids) if ids else float("nan")
     out["token_prefix_agreement"] = sum(prefix) / len(prefix) if prefix else float("nan")
     return out
