@@ -111,11 +111,16 @@ class DCPSettings:
 
 
 # ----------------------------------------------------------------------------- sharding
+def shard_owner(kv_len: int, world_size: int, interleave: int = 1, device=None) -> torch.Tensor:
+    """``owner[Tk]`` (int64): the rank holding KV position j, ``(j // interleave) % world_size``."""
+    return (torch.arange(kv_len, device=device) // interleave) % world_size
+
+
 def shard_positions(kv_len: int, world_size: int, interleave: int = 1,
                     device=None) -> list[torch.Tensor]:
     """KV positions held by each rank: j is on rank (j // interleave) % world_size."""
+    owner = shard_owner(kv_len, world_size, interleave, device)
     j = torch.arange(kv_len, device=device)
-    owner = (j // interleave) % world_size
     return [j[owner == r] for r in range(world_size)]
 
 
@@ -144,43 +149,83 @@ def visible_mask(attention_mask, batch: int, q_len: int, kv_len: int,
 
 
 # ----------------------------------------------------------------------------- partials
-def partial_attention(query, key, value, visible, scaling: float, base_e: bool,
-                      out_dtype: torch.dtype):
-    """Attention of ``query[B, Hq, Tq, D]`` over one KV shard ``key/value[B, Hkv, n, D]``.
+# Score elements materialised at once by partial_attention (float32: 4 bytes each); ranks are
+# processed in chunks that stay under it.
+_SCORE_BUDGET = 1 << 26
 
-    ``visible[B, 1|Hq, Tq, n]`` bool. Returns ``out[B, Hq, Tq, D]`` (out_dtype, normalised by
-    the local softmax sum), ``lse[B, Hq, Tq]`` float32 (base e, or base 2 computed with
-    exp2/log2) and ``nkeys[B, Tq]`` (visible local keys per row, any head). Rows without a
-    visible key give out = 0 and lse = -inf (the empty-shard identity), never NaN.
+
+def partial_attention(query, key, value, visible, scaling: float, base_e: bool,
+                      out_dtype: torch.dtype, owner: torch.Tensor | None = None,
+                      ranks=None):
+    """Attention of ``query[B, Hq, Tq, D]`` over KV shards of ``key/value[B, Hkv, Tk, D]``.
+
+    ``visible[B, 1|Hq, Tq, Tk]`` bool. Without ``owner`` all Tk keys are one shard and the
+    result has no rank dimension: ``out[B, Hq, Tq, D]`` (out_dtype, normalised by the local
+    softmax sum), ``lse[B, Hq, Tq]`` float32 (base e, or base 2 computed with exp2/log2) and
+    ``nkeys[B, Tq]`` (visible local keys per row, any head). With ``owner[Tk]`` (the rank of
+    each key, see :func:`shard_owner`) each rank in ``ranks`` (default: all) gets the partial
+    over its own keys only -- ``out[Rn, B, Hq, Tq, D]``, ``lse[Rn, B, Hq, Tq]``,
+    ``nkeys[Rn, B, Tq]``. Rows without a visible key give out = 0 and lse = -inf (the
+    empty-shard identity), never NaN.
+
+    The ranks share one score matrix ``q k^T`` and one ``p v`` product whose rows are
+    (head, rank, query) with p = 0 outside the rank's keys: each rank's partial is computed
+    over exactly its keys (exp(-inf) = 0 adds nothing), without a gathered copy of the shard --
+    the KV cache is read once per call, as SDPA reads it, which is what makes DCP decode cost
+    about what unsharded decode costs here.
     """
     B, Hq, Tq, D = query.shape
-    Hkv = key.shape[1]
+    Hkv, Tk = key.shape[1], key.shape[2]
     if Hq % Hkv:
         raise ValueError(f"{Hq} query heads are not a multiple of {Hkv} KV heads")
     G = Hq // Hkv
+    single = owner is None
+    if single:
+        owner = torch.zeros(Tk, dtype=torch.long, device=query.device)
+        ranks = [0]
+    elif ranks is None:
+        ranks = range(int(owner.max()) + 1 if Tk else 0)
+    ranks = list(ranks)
     ct = torch.promote_types(query.dtype, torch.float32)
-    q = query.to(ct).reshape(B, Hkv, G, Tq, D)
-    k = key.to(ct)[:, :, None]
-    v = value.to(ct)[:, :, None]
-    s = torch.matmul(q, k.transpose(-1, -2)) * scaling  # [B, Hkv, G, Tq, n]
+    q = query.to(ct).reshape(B, Hkv, G * Tq, D)
+    k = key.to(ct)
+    v = value.to(ct)
+    s = torch.matmul(q, k.transpose(-1, -2)) * scaling  # [B, Hkv, G*Tq, Tk]
     if not base_e:
         s = s * _LOG2E
-    vis = visible[:, :, None] if visible.shape[1] == 1 else visible.reshape(B, Hkv, G, Tq, -1)
-    s = s.masked_fill(~vis, -math.inf)
-    m = s.amax(dim=-1, keepdim=True) if s.shape[-1] else torch.full(
-        (*s.shape[:-1], 1), -math.inf, dtype=ct, device=s.device)
-    empty = m == -math.inf
-    m_safe = torch.where(empty, torch.zeros_like(m), m)
-    p = torch.exp(s - m_safe) if base_e else torch.exp2(s - m_safe)
-    total = p.sum(dim=-1, keepdim=True)
-    denom = torch.where(empty, torch.ones_like(total), total)
-    out = torch.matmul(p, v) / denom
+    s = s.reshape(B, Hkv, G, 1, Tq, Tk)
+    vis = visible[:, :, None] if visible.shape[1] == 1 else visible.reshape(B, Hkv, G, Tq, Tk)
+    vis = vis[:, :, :, None]  # [B, Hkv|1, G|1, 1, Tq, Tk]
+    vis_any = visible.any(dim=1)  # [B, Tq, Tk]
+    ex = torch.exp if base_e else torch.exp2
     log = torch.log if base_e else torch.log2
-    lse = torch.where(empty, torch.full_like(m, -math.inf), m_safe + log(denom))
-    out = torch.where(empty, torch.zeros_like(out), out)
-    nkeys = visible.any(dim=1).sum(dim=-1)
-    return (out.reshape(B, Hq, Tq, D).to(out_dtype),
-            lse.reshape(B, Hq, Tq).to(torch.float32), nkeys)
+    per_rank = max(1, B * Hq * Tq * Tk)
+    step = max(1, _SCORE_BUDGET // per_rank)
+    outs, lses, nks = [], [], []
+    for c in range(0, len(ranks), step):
+        chunk = torch.tensor(ranks[c:c + step], device=query.device)
+        mine = owner[None, :] == chunk[:, None]  # [Rc, Tk]
+        Rc = len(chunk)
+        keep = vis & mine[:, None, :]  # [B, Hkv|1, G|1, Rc, Tq, Tk]
+        sr = torch.where(keep, s, -math.inf)  # [B, Hkv, G, Rc, Tq, Tk]
+        m = sr.amax(dim=-1, keepdim=True) if Tk else torch.full(
+            (*sr.shape[:-1], 1), -math.inf, dtype=ct, device=s.device)
+        empty = m == -math.inf
+        m_safe = torch.where(empty, torch.zeros_like(m), m)
+        p = ex(sr - m_safe)  # exactly 0 where masked
+        total = p.sum(dim=-1, keepdim=True)
+        denom = torch.where(empty, torch.ones_like(total), total)
+        o = torch.matmul(p.reshape(B, Hkv, G * Rc * Tq, Tk), v).reshape(B, Hkv, G, Rc, Tq, D)
+        o = torch.where(empty, torch.zeros_like(o), o / denom)
+        lse = torch.where(empty, torch.full_like(m, -math.inf), m_safe + log(denom))
+        outs.append(o.permute(3, 0, 1, 2, 4, 5).reshape(Rc, B, Hq, Tq, D).to(out_dtype))
+        lses.append(lse.squeeze(-1).permute(3, 0, 1, 2, 4).reshape(Rc, B, Hq, Tq)
+                    .to(torch.float32))
+        nks.append((vis_any[None] & mine[:, None, None, :]).sum(dim=-1))  # [Rc, B, Tq]
+    out, lse, nk = torch.cat(outs), torch.cat(lses), torch.cat(nks)
+    if single:
+        return out[0], lse[0], nk[0]
+    return out, lse, nk
 
 
 # ----------------------------------------------------------------------------- combines
@@ -288,20 +333,20 @@ def dcp_attention(query, key, value, visible, scaling: float, settings: DCPSetti
     hp = -(-Hq // n) * n
     R = B * Tq
     qsl = torch.arange(R + 1, dtype=torch.int32, device=query.device)
-    pos = shard_positions(Tk, n, settings.interleave, device=query.device)
+    owner = shard_owner(Tk, n, settings.interleave, device=query.device)
     ranks = [settings.group.rank_in_group] if settings.group is not None else range(n)
-    outs, lses, seq_lens = [], [], []
-    for r in ranks:
-        o, s, nk = partial_attention(query, key[:, :, pos[r]], value[:, :, pos[r]],
-                                     visible[..., pos[r]], scaling, settings.base_e, wire)
-        o = o.permute(0, 2, 1, 3).reshape(R, Hq, D)
-        s = s.permute(0, 2, 1).reshape(R, Hq)
-        if hp != Hq:  # empty heads: zero output, LSE -inf on every rank
-            o = torch.cat([o, o.new_zeros(R, hp - Hq, D)], dim=1)
-            s = torch.cat([s, s.new_full((R, hp - Hq), -math.inf)], dim=1)
-        outs.append(o.contiguous())
-        lses.append(s.contiguous())
-        seq_lens.append(nk.reshape(R).to(torch.int32))
+    o_all, s_all, nk_all = partial_attention(query, key, value, visible, scaling,
+                                             settings.base_e, wire, owner=owner, ranks=ranks)
+    # rows are (request, query) pairs: [Rn, B, Hq, Tq, D] -> [Rn, R, Hq, D]
+    o_all = o_all.permute(0, 1, 3, 2, 4).reshape(-1, R, Hq, D)
+    s_all = s_all.permute(0, 1, 3, 2).reshape(-1, R, Hq)
+    if hp != Hq:  # empty heads: zero output, LSE -inf on every rank
+        o_all = torch.cat([o_all, o_all.new_zeros(o_all.shape[0], R, hp - Hq, D)], dim=2)
+        s_all = torch.cat([s_all, s_all.new_full((s_all.shape[0], R, hp - Hq), -math.inf)],
+                          dim=2)
+    outs = list(o_all.unbind(0))
+    lses = list(s_all.unbind(0))
+    seq_lens = [x.reshape(R).to(torch.int32) for x in nk_all.unbind(0)]
     sent_outs, sent_lses = outs, lses
     if settings.poison_empty:
         sent_outs, sent_lses = [], []
