@@ -41,17 +41,15 @@ def _lse_lanes(buf: torch.Tensor, head_dim: int) -> torch.Tensor:
 
 def row_mask(num_rows: int, seq_lens, query_start_loc) -> torch.Tensor:
     """Bool [B]: rows with no local KV (their request's seq_len is 0) or padding rows."""
-    empty = torch.zeros(num_rows, dtype=torch.bool)
     if seq_lens is None:
-        return empty
-    qsl = query_start_loc.cpu().tolist()
-    sl = seq_lens.cpu().tolist()
-    empty[:] = True
-    for s, n in enumerate(sl):
-        lo, hi = qsl[s], min(qsl[s + 1], num_rows)
-        if hi > lo:
-            empty[lo:hi] = n <= 0
-    return empty
+        return torch.zeros(num_rows, dtype=torch.bool)
+    qsl = query_start_loc.to("cpu", torch.int64)
+    sl = seq_lens.to("cpu", torch.int64)
+    # request of row i: the last s with qsl[s] <= i (query_start_loc is non-decreasing);
+    # rows before qsl[0] or from qsl[-1] on belong to no request: padding
+    req = torch.searchsorted(qsl, torch.arange(num_rows), right=True) - 1
+    padding = (req < 0) | (req >= sl.numel())
+    return padding | (sl[req.clamp(0, max(sl.numel() - 1, 0))] <= 0) if sl.numel() else padding
 
 
 def pack_send(out, lse, send, world_size, h_per_rank, head_dim, lse_pack_dim,
