@@ -49,7 +49,8 @@ def run_backend(backend: str, args) -> dict:
         gen_kwargs=f"max_gen_toks={args.max_gen_toks}", metadata=metadata)
     wall = time.perf_counter() - t0
     r = res["results"][TASK]
-    em = {f: {"em": r[f"exact_match,{f}"], "stderr": r[f"exact_match_stderr,{f}"]}
+    # lm-eval reports the stderr as the string "N/A" for a single question
+    em = {f: {"em": r[f"exact_match,{f}"], "stderr": _number(r[f"exact_match_stderr,{f}"])}
           for f in FILTERS}
     per_doc: dict[int, dict] = {}
     for s in res["samples"][TASK]:
@@ -59,6 +60,13 @@ def run_backend(backend: str, args) -> dict:
         d[s["filter"]] = {"answer": s["filtered_resps"][0], "correct": float(s["exact_match"])}
     return {"backend": backend, "wall_s": wall, "em": em,
             "samples": [per_doc[k] for k in sorted(per_doc)]}
+
+
+def _number(x) -> float:
+    try:
+        return float(x)
+    except (TypeError, ValueError):
+        return float("nan")
 
 
 def paired(base: dict, other: dict, tokenizer) -> dict:

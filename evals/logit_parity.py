@@ -61,6 +61,14 @@ def run(args) -> dict:
     rows = []
     for dtype in args.dtypes.split(","):
         model, tok = load_model(args.pretrained, args.gguf_file, dtype=dtype, device=args.device)
+        # The floor of a 16-bit run: how far the unsharded model in that dtype is from the
+        # unsharded float32 model. DCP's distance to the unsharded 16-bit model is read against it.
+        floor_model = None
+        if args.floor and dtype not in ("float32", "fp32"):
+            floor_model, _ = load_model(args.pretrained, args.gguf_file, dtype="float32",
+                                        device=args.device)
+        floor = {"max_abs": 0.0, "kl_sum": 0.0, "top1_same": 0, "n": 0, "nonfinite": 0,
+                 "wall_s": 0.0}
         if tok.pad_token is None:
             tok.pad_token = tok.eos_token
         acc = {(b, s): {"max_abs": 0.0, "kl_sum": 0.0, "top1_same": 0, "n": 0, "nonfinite": 0,
@@ -76,6 +84,13 @@ def run(args) -> dict:
                 t0 = time.perf_counter()
                 ref = model(**enc).logits
                 ref_wall += time.perf_counter() - t0
+                if floor_model is not None:
+                    t0 = time.perf_counter()
+                    c = compare_logits(floor_model(**enc).logits, ref, mask)
+                    floor["wall_s"] += time.perf_counter() - t0
+                    floor["max_abs"] = max(floor["max_abs"], c["max_abs"])
+                    for k in ("kl_sum", "top1_same", "n", "nonfinite"):
+                        floor[k] += c[k]
                 for b in backends:
                     for s in bases:
                         attach_dcp(model, DCPSettings(world_size=args.dcp_size, backend=b,
@@ -90,13 +105,15 @@ def run(args) -> dict:
                         for k in ("kl_sum", "top1_same", "n", "nonfinite"):
                             a[k] += c[k]
             del ref
+        if floor_model is not None:
+            acc[("unsharded float32 -> " + dtype, "-")] = floor
         for (b, s), a in acc.items():
             rows.append({"dtype": dtype, "backend": b, "lse_base": s, "positions": a["n"],
                          "max_abs_dlogit": a["max_abs"], "mean_kl": a["kl_sum"] / a["n"],
                          "top1_agreement": a["top1_same"] / a["n"],
                          "nonfinite": a["nonfinite"], "wall_s": a["wall_s"],
                          "reference_wall_s": ref_wall})
-        del model
+        del model, floor_model
     return {"config": vars(args), "texts": len(texts), "rows": rows}
 
 
@@ -105,7 +122,9 @@ def markdown(report: dict) -> str:
     lines = [f"# Logit parity: DCP (N={c['dcp_size']}, combine={c['combine']}, interleave="
              f"{c['interleave']}) vs unsharded SDPA", "",
              f"{report['texts']} GSM8K test question+answer texts, teacher forced, every "
-             "position through the combine.", "",
+             "position through the combine. Rows `unsharded float32 -> <dtype>`: the unsharded "
+             "model in that dtype against the unsharded float32 model (the dtype's own error, the "
+             "floor to read the DCP rows of that dtype against).", "",
              "| dtype | backend | LSE base | positions | max abs Δlogit | mean KL | top-1 agree "
              "| non-finite | wall s (ref s) |", "|---|---|---|---|---|---|---|---|---|"]
     for r in report["rows"]:
@@ -127,6 +146,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--dcp-size", type=int, default=3)
     ap.add_argument("--combine", default="auto", choices=("auto", "triton", "reference"))
     ap.add_argument("--interleave", type=int, default=1)
+    ap.add_argument("--no-floor", dest="floor", action="store_false",
+                    help="skip the unsharded float32 vs 16-bit floor rows")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--pretrained", default=None)
     ap.add_argument("--gguf-file", default=None)

@@ -35,3 +35,17 @@ def test_flips_and_prefixes():
     assert out["token_prefix_agreement"] == pytest.approx((0.5 + 1 + 1) / 3)
     f = FILTERS[0]
     assert out[f]["flips_right_to_wrong"] == 1 and out[f]["flips_wrong_to_right"] == 1
+
+
+def test_markdown_of_a_single_question_run():
+    """lm-eval reports the stderr of one question as the string "N/A": the table says nan."""
+    from evals.gsm8k import _number, markdown
+
+    assert _number("N/A") != _number("N/A") and _number("0.25") == 0.25
+    run = {"backend": "reference", "wall_s": 1.0,
+           "em": {f: {"em": 1.0, "stderr": _number("N/A")} for f in FILTERS}}
+    report = {"baseline": "reference", "runs": [run], "paired": {},
+              "config": {"limit": 1, "max_gen_toks": 8, "dcp_size": 3, "lse_base": "e",
+                         "shard": "decode", "combine": "auto", "dtype": "float32"}}
+    text = markdown(report)
+    assert "| reference | 1.000 ± nan |" in text
