@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 
+import numpy as np
 import torch
 
 from . import tolerances as tol
@@ -104,7 +105,9 @@ def _quantity(name, a, e, err, bound, ulps, upstream_tol) -> QuantityReport:
     if n == 0:
         return QuantityReport(name, 0, 0.0, 0.0, 0.0, 0)
     flat = int(torch.argmax(torch.nan_to_num(ratio, nan=math.inf, posinf=math.inf)))
-    idx = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), err.shape))
+    # numpy's unravel_index: torch's goes through torch._check, which imports sympy (~1 s a
+    # process, paid by every gloo rank)
+    idx = tuple(int(i) for i in np.unravel_index(flat, tuple(err.shape)))
     finite = torch.isfinite(e) & torch.isfinite(a)
     up_ok = bool(((a - e).abs() <= upstream_tol * (1 + e.abs()))[finite].all()) and bool(
         (torch.isfinite(a) == torch.isfinite(e)).all())

@@ -50,7 +50,8 @@ from datetime import timedelta
 from multiprocessing.connection import wait as _wait_any
 from typing import Any, Callable, Sequence
 
-__all__ = ["PoolError", "RankContext", "RankFailure", "RankPool", "RankTimeout"]
+__all__ = ["PoolError", "RankContext", "RankFailure", "RankPool", "RankTimeout",
+           "cpu_rank_environment", "fork_server_context"]
 
 
 class PoolError(RuntimeError):
@@ -227,7 +228,13 @@ def cpu_rank_environment():
             os.environ["TRITON_INTERPRET"] = old
 
 
-def _mp_context(method: str):
+# What the fork server imports before it forks anything. It is one server per process, started
+# by the first forkserver Process.start(), so this list is the union of what every pool asked for
+# until then; a module added after the server started is imported by each rank on first use.
+_FORKSERVER_PRELOAD: list[str] = ["torch", "torch.distributed", "dcp_a2a.procpool"]
+
+
+def _mp_context(method: str, preload: Sequence[str] = ()):
     import torch.multiprocessing as mp
 
     ctx = mp.get_context(method)
@@ -235,7 +242,22 @@ def _mp_context(method: str):
         # The fork server imports torch, Triton and dcp_a2a once; every rank after that is a
         # fork of it (a clean, single-threaded process, like spawn) that starts in a fraction
         # of a second instead of re-importing torch (~3 s of CPU per rank).
-        ctx.set_forkserver_preload(["torch", "torch.distributed", "dcp_a2a.procpool"])
+        _FORKSERVER_PRELOAD.extend(m for m in preload if m not in _FORKSERVER_PRELOAD)
+        ctx.set_forkserver_preload(list(_FORKSERVER_PRELOAD))
+    return ctx
+
+
+def fork_server_context(preload: Sequence[str] = ()):
+    """The multiprocessing context of the pools' fork server, started now if it is not running
+    (with the CPU-rank environment, see :func:`cpu_rank_environment`, and ``preload`` added to
+    what it imports). For helper processes that need torch without paying its import: a
+    ``Process`` of this context is a fork of the server. The server is shared with every
+    :class:`RankPool` of this process (gloo pools fork their ranks from it)."""
+    from multiprocessing import forkserver
+
+    ctx = _mp_context("forkserver", preload)
+    with cpu_rank_environment():
+        forkserver.ensure_running()
     return ctx
 
 
@@ -250,13 +272,16 @@ class RankPool:
     env             extra environment for the ranks (on top of the caller's environment at
                     start; modules the fork server preloaded saw its environment at its start)
     start_method    "forkserver" (default: fast restarts) or "spawn"
+    preload         modules the fork server should import before forking ranks (what the tasks
+                    import: each rank then starts with them instead of importing them itself);
+                    only effective if the server was not yet running in this process
     """
 
     def __init__(self, world_size: int, *, backend: str = "gloo",
                  subgroup_sizes: Sequence[int] = (), pg_timeout: float = 20.0,
                  task_timeout: float = 60.0, startup_timeout: float = 180.0,
                  grace: float = 2.0, env: dict | None = None,
-                 start_method: str | None = None):
+                 start_method: str | None = None, preload: Sequence[str] = ()):
         if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
             raise ValueError(f"world_size must be a positive int, got {world_size!r}")
         if backend not in ("gloo", "nccl"):
@@ -270,6 +295,7 @@ class RankPool:
         if start_method not in ("forkserver", "spawn"):
             raise ValueError(f"start_method must be 'forkserver' or 'spawn', got {start_method!r}")
         self.start_method = start_method
+        self.preload = tuple(preload)
         self.world_size = world_size
         self.backend = backend
         self.subgroup_sizes = tuple(sorted(set(subgroup_sizes)))
@@ -305,7 +331,7 @@ class RankPool:
         import torch.distributed as dist
         import torch.multiprocessing as mp
 
-        ctx = _mp_context(self.start_method)
+        ctx = _mp_context(self.start_method, self.preload)
         # The parent hosts the rendezvous store on a port the OS picks: no port races.
         self._store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
                                     timeout=timedelta(seconds=self.startup_timeout))

@@ -5,13 +5,18 @@ use: a WORLD of 8 ranks with subgroups of ranks {0,1}, {0,1,2} and {0..3}, so DC
 N = 2, 3, 4 and 8 share one start-up. The fault tests use their own small pool (see
 test_pool_faults.py) so that the teardowns they provoke do not cost the others a restart.
 At the end of the session the pool is closed and every rank it ever had must be gone.
+
+Every pool of a test process forks its ranks from that process's one fork server, which has
+imported torch, Triton and dcp_a2a (and tests/multiproc/_procs.RANK_PRELOAD, unless another
+user started it first); the torchrun launcher and the pool owner of the fault tests are forks
+of it too (tests/multiproc/_procs.py), so the tier pays torch's import once per test process.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from dcp_a2a.procpool import RankPool
+from tests.multiproc._procs import new_pool
 from tests.multiproc.mp_tasks import pid_alive
 
 POOL_WORLD = 8
@@ -24,7 +29,7 @@ TASK_TIMEOUT_S = 60.0
 
 @pytest.fixture(scope="session")
 def rank_pool():
-    pool = RankPool(POOL_WORLD, subgroup_sizes=[n for n in GROUP_SIZES if n < POOL_WORLD],
+    pool = new_pool(POOL_WORLD, subgroup_sizes=[n for n in GROUP_SIZES if n < POOL_WORLD],
                     pg_timeout=PG_TIMEOUT_S, task_timeout=TASK_TIMEOUT_S)
     yield pool
     pool.close()

@@ -141,6 +141,23 @@ def whoami(ctx):
     return ctx.rank, os.getpid(), os.environ.get(ENV_VAR)
 
 
+def as_torchrun_rank(ctx, store_port: int, module: str, argv: list) -> int:
+    """Run ``python -m MODULE ARGV`` on this rank as torchrun would start it: rank, world size
+    and the rendezvous store in the environment (torchrun's variables; the store is hosted by the
+    test process, as torchrun's agent hosts it), and the module creates the default process
+    group itself. The pool's own group is destroyed first, so the pool must be closed
+    afterwards. Returns the module's exit status."""
+    import importlib
+
+    dist.destroy_process_group()
+    n = str(ctx.world_size)
+    os.environ.update(RANK=str(ctx.rank), LOCAL_RANK=str(ctx.rank), GROUP_RANK="0",
+                      WORLD_SIZE=n, LOCAL_WORLD_SIZE=n, MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(store_port), TORCHELASTIC_USE_AGENT_STORE="True")
+    status = importlib.import_module(module).main(argv)
+    return 0 if status is None else int(status)
+
+
 # --------------------------------------------------------------------------- accuracy job
 def accuracy_job(ctx, n: int, argv: list):
     """Run ``python -m dcp_a2a.accuracy`` in-process on the pool's ``n``-rank group."""

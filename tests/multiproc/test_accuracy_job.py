@@ -6,21 +6,22 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 
 from dcp_a2a import accuracy
 from tests.multiproc import mp_tasks
+from tests.multiproc._procs import run_torchrun
 
 pytestmark = pytest.mark.multiproc
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SMALL = "1x8x40"   # B = 1 (decode), D = 40: not a power of two
-# Each launch pays torch's import on every rank; keep the cases few (the interpreter is slow):
-# every dtype on 2 ranks, bfloat16 on 4.
-DTYPE_ARGS = {2: [], 4: ["--dtype", "bfloat16"]}
+# A launch costs a torch start-up per rank (about 3 CPU-s each, much more than the cases): one
+# launch per world size, few cases. Every dtype with base e on 2 ranks, bfloat16 with base 2 on
+# 4; both bases of every dtype run through the same job on the pool (N = 3, float16, and the
+# tier's lse_reduce tests).
+CASE_ARGS = {2: ["--base", "e"], 4: ["--dtype", "bfloat16", "--base", "2"]}
 
 
 def _expected_cases(shapes: str, dtypes, n_backends: int, bases: int = 2) -> int:
@@ -30,12 +31,14 @@ def _expected_cases(shapes: str, dtypes, n_backends: int, bases: int = 2) -> int
     return total
 
 
-def _check_report(report, world, shapes, n_backends=3, dtypes=tuple(accuracy.DTYPES)):
+def _check_report(report, world, shapes, n_backends=3, dtypes=tuple(accuracy.DTYPES),
+                  bases=("e", "2")):
     assert report["meta"]["world_size"] == world
     assert report["ok"] is True
     cases = report["cases"]
-    assert len(cases) == _expected_cases(shapes, dtypes, n_backends)
-    assert {c["dtype"] for c in cases} <= set(dtypes)
+    assert len(cases) == _expected_cases(shapes, dtypes, n_backends, len(bases))
+    assert {c["dtype"] for c in cases} == set(dtypes)
+    assert {c["base"] for c in cases} == set(bases)
     for c in cases:
         assert c["ok"], c
         assert 0 <= c["output"]["worst_ratio"] <= 1, c
@@ -51,15 +54,15 @@ def _check_report(report, world, shapes, n_backends=3, dtypes=tuple(accuracy.DTY
 @pytest.mark.parametrize("nproc", [2, 4])
 def test_torchrun_gloo(tmp_path, impl, nproc):
     out = tmp_path / "report.json"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-           f"--nproc-per-node={nproc}", "-m", "dcp_a2a.accuracy",
-           "--shapes", SMALL, "--dist-backend", "gloo", "--out", str(out), *DTYPE_ARGS[nproc]]
+    argv = ["--standalone", f"--nproc-per-node={nproc}", "-m", "dcp_a2a.accuracy",
+            "--shapes", SMALL, "--dist-backend", "gloo", "--out", str(out), *CASE_ARGS[nproc]]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": ROOT}
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
+    proc = run_torchrun(argv, env=env, cwd=ROOT, timeout=300, out_dir=tmp_path)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     report = json.loads(out.read_text())
-    _check_report(report, nproc, SMALL, 3 if impl.is_project else 1,
-                  dtypes=(DTYPE_ARGS[nproc] or [",".join(accuracy.DTYPES)])[-1].split(","))
+    args = accuracy.parse_args(CASE_ARGS[nproc])
+    _check_report(report, nproc, SMALL, 3 if impl.is_project else 1, dtypes=args.dtype,
+                  bases={"e": ("e",), "2": ("2",), "both": ("e", "2")}[args.base])
     assert report["meta"]["dist_backend"] == "gloo"
     assert report["meta"]["implementation"] == impl.spec
     # rank 0 printed the table: one line per case, and the summary

@@ -1,30 +1,44 @@
-"""The end-to-end collective benchmark's code path under torchrun (gloo, CPU: the times mean
-nothing here; on GPUs the same command times NCCL)."""
+"""The end-to-end collective benchmark (``dcp_a2a.bench --collective``) on 2 gloo ranks (CPU:
+the times mean nothing here; on GPUs the same command times NCCL under torchrun).
+
+The ranks come from a pool of their own and start the benchmark the way torchrun starts it
+(rank, world size and rendezvous store in torchrun's environment variables; the benchmark
+creates the default process group itself), so this costs no torch start-up. The torchrun
+launch itself is covered by the accuracy job's tests (test_accuracy_job.py).
+"""
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
+from datetime import timedelta
 
 import pytest
+import torch.distributed as dist
 
-pytestmark = [pytest.mark.multiproc, pytest.mark.slow]
-ROOT = str(Path(__file__).resolve().parents[2])
+from tests.multiproc import mp_tasks
+from tests.multiproc._procs import new_pool
+from tests.multiproc.mp_tasks import pid_alive
+
+pytestmark = pytest.mark.multiproc
 
 
-def test_collective_bench_runs_under_torchrun(tmp_path, project_only):
+def test_collective_bench_runs_on_two_ranks(tmp_path, project_only):
     out = tmp_path / "coll.json"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-           "-m", "dcp_a2a.bench", "--collective", "--shapes", "2x4", "--head-dim", "6",
-           "--iters", "2", "--out", str(out)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": ROOT, "TRITON_INTERPRET": "1"}
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    argv = ["--collective", "--shapes", "2x4", "--head-dim", "6", "--iters", "2",
+            "--out", str(out)]
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                          timeout=timedelta(seconds=60))
+    # its own pool: the task replaces the ranks' process group, so the pool is closed after it
+    pool = new_pool(2, pg_timeout=30.0, task_timeout=120.0)
+    try:
+        status = pool.run(mp_tasks.as_torchrun_rank, store.port, "dcp_a2a.bench", argv)
+    finally:
+        pool.close()
+    assert not [p for p in pool.spawned_pids if pid_alive(p)]
+    assert status == [0, 0]
     report = json.loads(out.read_text())
     (row,) = report["rows"]
     assert report["world_size"] == 2 and (row["B"], row["H"], row["N"]) == (2, 4, 2)
     for backend in ("packed", "two_collective", "ag_rs"):
         assert row[f"{backend}_us"] > 0
+        assert row[f"{backend}_timing"] == "wall"

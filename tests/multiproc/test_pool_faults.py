@@ -9,15 +9,13 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
-import textwrap
 import time
 
 import pytest
 
-from dcp_a2a.procpool import RankFailure, RankPool, RankTimeout
+from dcp_a2a.procpool import RankFailure, RankTimeout
 from tests.multiproc import mp_tasks
+from tests.multiproc._procs import helper_context, new_pool, pool_owner
 from tests.multiproc.mp_tasks import pid_alive
 
 pytestmark = pytest.mark.multiproc
@@ -28,7 +26,7 @@ PG_TIMEOUT_S = 3.0
 
 @pytest.fixture(scope="module")
 def fault_pool():
-    pool = RankPool(2, pg_timeout=PG_TIMEOUT_S, task_timeout=20.0, grace=1.0)
+    pool = new_pool(2, pg_timeout=PG_TIMEOUT_S, task_timeout=20.0, grace=1.0)
     yield pool
     pool.close()
     left = [p for p in pool.spawned_pids if pid_alive(p)]
@@ -118,26 +116,30 @@ def test_close_leaves_no_rank(fault_pool):
     assert _wait_gone(pids, within=5.0) == []
 
 
-def test_ranks_exit_when_their_owner_is_killed(tmp_path):
-    """The owner dies by SIGKILL (no atexit, no finalizer): its ranks notice and exit."""
-    script = tmp_path / "owner.py"
-    script.write_text(textwrap.dedent("""
-        import os, signal, sys
-        sys.path.insert(0, sys.argv[1])
-        from dcp_a2a.procpool import RankPool
-        from tests.multiproc import mp_tasks
-        if __name__ == "__main__":
-            pool = RankPool(2).start()
-            assert pool.run(mp_tasks.all_reduce_sum, 2, 1.0) == [2.0, 2.0]
-            print(" ".join(map(str, pool.pids)), flush=True)
-            os.kill(os.getpid(), signal.SIGKILL)
-    """))
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    proc = subprocess.run([sys.executable, str(script), root], capture_output=True, text=True,
-                          timeout=120)
-    assert proc.returncode == -signal.SIGKILL, proc.stderr
-    pids = [int(p) for p in proc.stdout.split()]
-    assert len(pids) == 2
+def test_ranks_exit_when_their_owner_is_killed():
+    """The owner dies by SIGKILL (no atexit, no finalizer): its ranks notice and exit. The owner
+    is a fork of the fork server (torch already imported); its pool starts a fork server of its
+    own, which goes with it."""
+    ctx = helper_context()
+    ours, theirs = ctx.Pipe()
+    owner = ctx.Process(target=pool_owner, args=(theirs, 2), name="pool-owner")
+    owner.start()
+    theirs.close()
+    try:
+        try:
+            pids = ours.recv() if ours.poll(120) else None
+        except EOFError:
+            pids = None
+        assert pids is not None, f"the owner did not start its pool (exit code {owner.exitcode})"
+        assert len(pids) == 2 and all(pid_alive(p) for p in pids)
+        os.kill(owner.pid, signal.SIGKILL)
+        owner.join(10)
+        assert owner.exitcode == -signal.SIGKILL
+    finally:
+        if owner.exitcode is None:
+            owner.kill()
+            owner.join(10)
+        ours.close()
     assert _wait_gone(pids, within=10.0) == [], "ranks outlived their SIGKILLed owner"
 
 

@@ -1,0 +1,114 @@
+"""The eval drivers end to end on a tiny model saved to disk (no hub, no real GSM8K):
+``python -m evals.logit_parity`` loads it by path like any HF model, runs every requested
+backend / base / dtype, writes JSON + markdown, and adds the 16-bit floor row."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import evals  # noqa: F401  (dcp_a2a before transformers)
+
+pytestmark = pytest.mark.e2e
+transformers = pytest.importorskip("transformers", reason="the evals extra is not installed")
+
+QUESTIONS = ["Tom has 3 apples and buys 4 more. How many?",
+             "A box holds 12 eggs. How many in 2 boxes?",
+             "Sam reads 5 pages a day. How many in a week?",
+             "A car goes 60 km an hour. How far in 3 hours?",
+             "Ann had 10 coins and lost 4. How many are left?",
+             "Each bag has 6 pens. How many pens in 5 bags?",
+             "A class has 20 pupils and 8 are boys. How many girls?",
+             "Bob saves 2 dollars a week. How much in 9 weeks?"]
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    """A tiny random Llama + a byte-level BPE tokenizer trained here, saved with
+    save_pretrained, and GSM8K-shaped JSONL files."""
+    import torch
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    d = tmp_path_factory.mktemp("tiny_model")
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(QUESTIONS + ["Question: Answer: ####"], trainers.BpeTrainer(
+        vocab_size=300, special_tokens=["<unk>", "<pad>", "</s>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", pad_token="<pad>",
+                                   eos_token="</s>")
+    fast.save_pretrained(d)
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=fast.vocab_size, hidden_size=48, intermediate_size=96,
+                      num_hidden_layers=2, num_attention_heads=6, num_key_value_heads=2,
+                      max_position_embeddings=128, pad_token_id=fast.pad_token_id,
+                      eos_token_id=fast.eos_token_id)
+    LlamaForCausalLM(cfg).save_pretrained(d)
+    data = tmp_path_factory.mktemp("gsm8k")
+    for split in ("train", "test"):
+        with open(data / f"{split}.jsonl", "w") as fh:
+            for i, q in enumerate(QUESTIONS):
+                fh.write(json.dumps({"question": q, "answer": f"... #### {i + 7}"}) + "\n")
+    return d, data
+
+
+def test_logit_parity_driver(tiny_dir, tmp_path):
+    from evals import logit_parity
+
+    model_dir, data = tiny_dir
+    out = tmp_path / "lp"
+    report = logit_parity.main([
+        "--pretrained", str(model_dir), "--gsm8k-dir", str(data), "--limit", "3",
+        "--batch-size", "2", "--dtypes", "float32,bfloat16", "--backends", "packed,ag_rs",
+        "--bases", "e,2", "--dcp-size", "4", "--device", "cpu", "--out", str(out)])
+    rows = report["rows"]
+    assert report["texts"] == 3
+    keys = {(r["dtype"], r["backend"], r["lse_base"]) for r in rows}
+    assert keys == {(dt, b, s) for dt in ("float32", "bfloat16") for b in ("packed", "ag_rs")
+                    for s in ("e", "2")} | {("bfloat16", "unsharded float32 -> bfloat16", "-")}
+    positions = {r["positions"] for r in rows}
+    assert len(positions) == 1 and positions.pop() > 0  # every row over the same positions
+    for r in rows:
+        assert r["nonfinite"] == 0, r
+        if r["dtype"] == "float32":  # the combine's fp32 rounding cannot move the argmax here
+            assert r["top1_agreement"] == 1.0, r
+    saved = json.loads((out / "logit_parity.json").read_text())
+    assert saved["rows"] == rows
+    md = (out / "logit_parity.md").read_text()
+    assert "| bfloat16 | unsharded float32 -> bfloat16 | - |" in md
+    assert md.count("\n| float32 |") == 4
+
+
+def test_gsm8k_driver_through_lm_eval(tiny_dir, tmp_path):
+    """``python -m evals.gsm8k``: lm-eval's harness with the registered ``dcp-hf`` model and the
+    ``gsm8k_local`` YAML task (5-shot from the local train split), every backend on the same
+    questions, paired statistics against ``reference``."""
+    pytest.importorskip("lm_eval", reason="lm-eval is not installed")
+    from evals import gsm8k
+
+    model_dir, data = tiny_dir
+    out = tmp_path / "g"
+    report = gsm8k.main([
+        "--backends", "reference,packed,ag_rs", "--limit", "3", "--batch-size", "2",
+        "--max-gen-toks", "6", "--dcp-size", "4", "--pretrained", str(model_dir),
+        "--gsm8k-dir", str(data), "--device", "cpu", "--out", str(out)])
+    assert [r["backend"] for r in report["runs"]] == ["reference", "packed", "ag_rs"]
+    assert report["baseline"] == "reference" and set(report["paired"]) == {"packed", "ag_rs"}
+    for name in ("packed", "ag_rs"):
+        p = report["paired"][name]
+        assert p["n"] == 3
+        # float32 partials: the combine's rounding does not change a greedy token here
+        assert p["identical_generations"] == 1.0 and p["token_prefix_agreement"] == 1.0, p
+        for f in gsm8k.FILTERS:
+            assert p[f]["answer_agreement"] == 1.0 and p[f]["mcnemar_exact_p"] == 1.0
+    for r in report["runs"]:
+        for f in gsm8k.FILTERS:
+            assert 0.0 <= r["em"][f]["em"] <= 1.0
+    samples = [json.loads(x) for x in (out / "samples_packed.jsonl").read_text().splitlines()]
+    assert [s["doc_id"] for s in samples] == [0, 1, 2]
+    assert {s["target"] for s in samples} == {"... #### 7", "... #### 8", "... #### 9"}
+    assert json.loads((out / "results.json").read_text())["paired"] == report["paired"]
+    assert "| packed |" in (out / "results.md").read_text()
