@@ -33,6 +33,7 @@ import time
 from dataclasses import dataclass
 
 import torch
+from tqdm import tqdm
 
 from . import _env  # noqa: F401  (TRITON_INTERPRET before any kernel is defined)
 from . import tolerances as tol
@@ -239,64 +240,63 @@ def run(args: argparse.Namespace, pg=None, device=None) -> dict | None:
     iters = max(1, args.iters if args.iters is not None else (20 if gpu else 1))
     group = Group(world, rank, pg)
 
+    plan = [(shape, dt_name, base_e) for shape in shapes for dt_name in args.dtype
+            if shape.dtype is None or shape.dtype == dt_name for base_e in bases]
     rows = []
-    case = 0
-    for shape in shapes:
-        for dt_name in args.dtype:
-            if shape.dtype is not None and shape.dtype != dt_name:
-                continue
-            dtype = DTYPES[dt_name]
-            for base_e in bases:
-                case += 1
-                hpr = shape.h // world
-                heads = slice(rank * hpr, (rank + 1) * hpr)
-                outs_slice, lses_slice = [], []
-                mine = None
-                for n in range(world):
-                    o, s = rank_partial(args.seed, case, n, shape, dtype, args.spread, device)
-                    if n == rank:
-                        mine = (o, s)
-                    outs_slice.append(o[:, heads].clone())
-                    lses_slice.append(s[:, heads].clone())
-                    del o, s
-                outs_slice = torch.stack(outs_slice)
-                lses_slice = torch.stack(lses_slice)
-                results = {}
-                for be in backends:
-                    kw = dict(return_lse=True, is_lse_base_on_e=base_e)
-                    if be != "default":
-                        kw["backend"] = be
-                    for _ in range(warmup):
-                        impl.lse_reduce(mine[0], mine[1], group, **kw)
-                    times = []
-                    for _ in range(iters):
-                        dist.barrier(group=pg)
-                        _sync(device)
-                        t0 = time.perf_counter()
-                        res = impl.lse_reduce(mine[0], mine[1], group, **kw)
-                        _sync(device)
-                        times.append(time.perf_counter() - t0)
-                    out, lse = res
-                    kind = "ag_rs" if be == "ag_rs" else "a2a"
-                    chk = check_slice(out, lse, outs_slice, lses_slice, base_e, kind)
-                    row = dict(backend=be, dtype=dt_name, shape=str(shape), b=shape.b,
-                               h=shape.h, d=shape.d, base="e" if base_e else "2",
-                               output=chk["output"], lse=chk["lse"],
-                               seconds=statistics.median(times))
-                    if be == "ag_rs":
-                        row["ratio_vs_a2a_bound"] = check_slice(
-                            out, None, outs_slice, lses_slice, base_e, "a2a")["output"][
-                                "worst_ratio"]
-                    results[be] = (out, lse)
-                    rows.append(row)
-                if "packed" in results and "two_collective" in results:
-                    (po, pl), (to, tl) = results["packed"], results["two_collective"]
-                    same = bool(torch.equal(_bits(po), _bits(to))
-                                and torch.equal(_bits(pl), _bits(tl)))
-                    for row in rows[-len(backends):]:
-                        if row["backend"] in ("packed", "two_collective"):
-                            row["bitwise_packed_eq_two_collective"] = same
-                del outs_slice, lses_slice, mine, results
+    # progress on rank 0 (stderr): large GPU shapes take seconds a case (the float64 oracle)
+    bar = tqdm(plan, desc=f"accuracy N={world}", unit="case", disable=rank != 0 or args.quiet)
+    for case, (shape, dt_name, base_e) in enumerate(bar, start=1):
+        dtype = DTYPES[dt_name]
+        bar.set_postfix_str(f"{shape} {dt_name} base {'e' if base_e else '2'}")
+        hpr = shape.h // world
+        heads = slice(rank * hpr, (rank + 1) * hpr)
+        outs_slice, lses_slice = [], []
+        mine = None
+        for n in range(world):
+            o, s = rank_partial(args.seed, case, n, shape, dtype, args.spread, device)
+            if n == rank:
+                mine = (o, s)
+            outs_slice.append(o[:, heads].clone())
+            lses_slice.append(s[:, heads].clone())
+            del o, s
+        outs_slice = torch.stack(outs_slice)
+        lses_slice = torch.stack(lses_slice)
+        results = {}
+        for be in backends:
+            kw = dict(return_lse=True, is_lse_base_on_e=base_e)
+            if be != "default":
+                kw["backend"] = be
+            for _ in range(warmup):
+                impl.lse_reduce(mine[0], mine[1], group, **kw)
+            times = []
+            for _ in range(iters):
+                dist.barrier(group=pg)
+                _sync(device)
+                t0 = time.perf_counter()
+                res = impl.lse_reduce(mine[0], mine[1], group, **kw)
+                _sync(device)
+                times.append(time.perf_counter() - t0)
+            out, lse = res
+            kind = "ag_rs" if be == "ag_rs" else "a2a"
+            chk = check_slice(out, lse, outs_slice, lses_slice, base_e, kind)
+            row = dict(backend=be, dtype=dt_name, shape=str(shape), b=shape.b,
+                       h=shape.h, d=shape.d, base="e" if base_e else "2",
+                       output=chk["output"], lse=chk["lse"],
+                       seconds=statistics.median(times))
+            if be == "ag_rs":
+                row["ratio_vs_a2a_bound"] = check_slice(
+                    out, None, outs_slice, lses_slice, base_e, "a2a")["output"][
+                        "worst_ratio"]
+            results[be] = (out, lse)
+            rows.append(row)
+        if "packed" in results and "two_collective" in results:
+            (po, pl), (to, tl) = results["packed"], results["two_collective"]
+            same = bool(torch.equal(_bits(po), _bits(to))
+                        and torch.equal(_bits(pl), _bits(tl)))
+            for row in rows[-len(backends):]:
+                if row["backend"] in ("packed", "two_collective"):
+                    row["bitwise_packed_eq_two_collective"] = same
+        del outs_slice, lses_slice, mine, results
 
     gathered = [None] * world
     dist.all_gather_object(gathered, rows, group=pg)

@@ -136,7 +136,8 @@ def check_merge(actual_out: torch.Tensor, actual_lse: torch.Tensor | None,
         outputs, lses = outputs[:, :, heads], lses[:, :, heads]
     ref, ref_lse = lse_weighted_combine(outputs, lses, return_lse=True,
                                         is_lse_base_on_e=is_lse_base_on_e)
-    mag, shift_mag = combine_magnitude(outputs, lses, is_lse_base_on_e)
+    # on the host, next to the errors (_errors): the partials may live on any device
+    mag, shift_mag = (m.cpu() for m in combine_magnitude(outputs, lses, is_lse_base_on_e))
     if tuple(actual_out.shape) != tuple(ref.shape):
         raise AssertionError(f"output shape {tuple(actual_out.shape)} != {tuple(ref.shape)}")
     a, e, err = _errors(actual_out, ref)
