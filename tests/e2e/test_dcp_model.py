@@ -32,7 +32,7 @@ import evals  # noqa: F401  (dcp_a2a before transformers)
 
 pytestmark = pytest.mark.e2e
 
-transformers = pytest.importorskip("transformers", reason="the evals extra is not installed")
+transformers = pytest.importorskip("transformers", reason="transformers is not installed (the test extra has it)")
 
 from dcp_a2a import tolerances as tol  # noqa: E402
 from evals.dcp_attention import (  # noqa: E402

@@ -11,7 +11,7 @@ import pytest
 import evals  # noqa: F401  (dcp_a2a before transformers)
 
 pytestmark = pytest.mark.e2e
-transformers = pytest.importorskip("transformers", reason="the evals extra is not installed")
+transformers = pytest.importorskip("transformers", reason="transformers is not installed (the test extra has it)")
 
 QUESTIONS = ["Tom has 3 apples and buys 4 more. How many?",
              "A box holds 12 eggs. How many in 2 boxes?",
@@ -86,7 +86,7 @@ def test_gsm8k_driver_through_lm_eval(tiny_dir, tmp_path):
     """``python -m evals.gsm8k``: lm-eval's harness with the registered ``dcp-hf`` model and the
     ``gsm8k_local`` YAML task (5-shot from the local train split), every backend on the same
     questions, paired statistics against ``reference``."""
-    pytest.importorskip("lm_eval", reason="lm-eval is not installed")
+    pytest.importorskip("lm_eval", reason="lm-eval is not installed (the test extra has it)")
     from evals import gsm8k
 
     model_dir, data = tiny_dir
