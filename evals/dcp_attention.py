@@ -116,14 +116,6 @@ def shard_owner(kv_len: int, world_size: int, interleave: int = 1, device=None) 
     return (torch.arange(kv_len, device=device) // interleave) % world_size
 
 
-def shard_positions(kv_len: int, world_size: int, interleave: int = 1,
-                    device=None) -> list[torch.Tensor]:
-    """KV positions held by each rank: j is on rank (j // interleave) % world_size."""
-    owner = shard_owner(kv_len, world_size, interleave, device)
-    j = torch.arange(kv_len, device=device)
-    return [j[owner == r] for r in range(world_size)]
-
-
 def visible_mask(attention_mask, batch: int, q_len: int, kv_len: int,
                  device) -> torch.Tensor:
     """Boolean ``[B, 1 or Hq, Tq, Tk]`` (True = query may attend to key).

@@ -49,6 +49,18 @@ def compare_logits(ref: torch.Tensor, got: torch.Tensor, mask: torch.Tensor) -> 
             "nonfinite": int((~torch.isfinite(g)).sum())}
 
 
+def _new_acc() -> dict:
+    return {"max_abs": 0.0, "kl_sum": 0.0, "top1_same": 0, "n": 0, "nonfinite": 0, "wall_s": 0.0}
+
+
+def _add(acc: dict, c: dict, seconds: float) -> None:
+    """Fold one batch's :func:`compare_logits` into a row's running totals."""
+    acc["max_abs"] = max(acc["max_abs"], c["max_abs"])
+    for k in ("kl_sum", "top1_same", "n", "nonfinite"):
+        acc[k] += c[k]
+    acc["wall_s"] += seconds
+
+
 def run(args) -> dict:
     from tqdm import tqdm
 
@@ -67,12 +79,10 @@ def run(args) -> dict:
         if args.floor and dtype not in ("float32", "fp32"):
             floor_model, _ = load_model(args.pretrained, args.gguf_file, dtype="float32",
                                         device=args.device)
-        floor = {"max_abs": 0.0, "kl_sum": 0.0, "top1_same": 0, "n": 0, "nonfinite": 0,
-                 "wall_s": 0.0}
+        floor = _new_acc()
         if tok.pad_token is None:
             tok.pad_token = tok.eos_token
-        acc = {(b, s): {"max_abs": 0.0, "kl_sum": 0.0, "top1_same": 0, "n": 0, "nonfinite": 0,
-                        "wall_s": 0.0} for b in backends for s in bases}
+        acc = {(b, s): _new_acc() for b in backends for s in bases}
         ref_wall = 0.0
         batches = [texts[i:i + args.batch_size] for i in range(0, len(texts), args.batch_size)]
         for chunk in tqdm(batches, desc=f"logit parity {dtype}"):
@@ -86,11 +96,8 @@ def run(args) -> dict:
                 ref_wall += time.perf_counter() - t0
                 if floor_model is not None:
                     t0 = time.perf_counter()
-                    c = compare_logits(floor_model(**enc).logits, ref, mask)
-                    floor["wall_s"] += time.perf_counter() - t0
-                    floor["max_abs"] = max(floor["max_abs"], c["max_abs"])
-                    for k in ("kl_sum", "top1_same", "n", "nonfinite"):
-                        floor[k] += c[k]
+                    f32 = floor_model(**enc).logits
+                    _add(floor, compare_logits(f32, ref, mask), time.perf_counter() - t0)
                 for b in backends:
                     for s in bases:
                         attach_dcp(model, DCPSettings(world_size=args.dcp_size, backend=b,
@@ -98,12 +105,8 @@ def run(args) -> dict:
                                                       shard="all", interleave=args.interleave))
                         t0 = time.perf_counter()
                         got = model(**enc).logits
-                        a = acc[(b, s)]
-                        a["wall_s"] += time.perf_counter() - t0
-                        c = compare_logits(ref, got, mask)
-                        a["max_abs"] = max(a["max_abs"], c["max_abs"])
-                        for k in ("kl_sum", "top1_same", "n", "nonfinite"):
-                            a[k] += c[k]
+                        _add(acc[(b, s)], compare_logits(ref, got, mask),
+                             time.perf_counter() - t0)
             del ref
         if floor_model is not None:
             acc[("unsharded float32 -> " + dtype, "-")] = floor

@@ -36,7 +36,7 @@ transformers = pytest.importorskip("transformers", reason="transformers is not i
 
 from dcp_a2a import tolerances as tol  # noqa: E402
 from evals.dcp_attention import (  # noqa: E402
-    DCPSettings, attach_dcp, partial_attention, register, shard_positions, visible_mask)
+    DCPSettings, attach_dcp, partial_attention, register, shard_owner, visible_mask)
 from reference import combine_magnitude, lse_weighted_combine  # noqa: E402
 
 N = 4
@@ -182,12 +182,11 @@ def test_bound_catches_lse_rounded_to_bf16(tiny, jacobians):
 
 
 @pytest.mark.parametrize("interleave", [1, 3])
-def test_shard_positions_partition(interleave):
-    pos = shard_positions(10, 4, interleave)
-    allp = torch.cat(pos).sort().values
-    assert torch.equal(allp, torch.arange(10))
-    for r, p in enumerate(pos):
-        assert all((int(j) // interleave) % 4 == r for j in p)
+def test_shard_owner_partition(interleave):
+    owner = shard_owner(10, 4, interleave)
+    assert owner.shape == (10,) and owner.dtype == torch.int64
+    for j in range(10):
+        assert int(owner[j]) == (j // interleave) % 4
 
 
 def test_empty_rows_are_identity_not_nan():
