@@ -18,9 +18,12 @@ import triton.language as tl
 from ._launch import as_words as _as_words, bits, next_pow2, require_runnable_device
 from .tuning import combine_launch, scale_launch
 from .merge_math import (
+    NO_CONTRACTION,
+    add_weighted,
     join_pair_from_f32,
     load_f32,
     merge_weights,
+    rank_row,
     split_pair_f32,
     store_from_f32,
     weighted_term,
@@ -49,6 +52,23 @@ def _load_lse_tile(data_bits_ptr, lse_ptr, b, h, n, m,
 
 
 @triton.jit
+def _load_lanes(data_ptr, data_bits_ptr, offs, mask, IS_BF16: tl.constexpr,
+                PAIRS: tl.constexpr, STREAM: tl.constexpr):
+    """One rank's [BLOCK_H, BLOCK_D] tile of output lanes as fp32: (lo, hi) where a PAIRS word
+    holds two 16-bit values, else (value, unused)."""
+    if PAIRS:
+        if STREAM:
+            w = tl.load(data_bits_ptr + offs, mask=mask, other=0, eviction_policy="evict_first")
+        else:
+            w = tl.load(data_bits_ptr + offs, mask=mask, other=0)
+        lo, hi = split_pair_f32(w, IS_BF16)
+    else:
+        lo = load_f32(data_ptr, data_bits_ptr, offs, mask, IS_BF16)
+        hi = lo
+    return lo, hi
+
+
+@triton.jit
 def _combine_kernel(
     data_ptr, data_bits_ptr, lse_ptr, out_ptr, out_bits_ptr, lse_out_ptr,
     B, HPR, D,
@@ -57,7 +77,9 @@ def _combine_kernel(
     RETURN_LSE: tl.constexpr, IS_BF16: tl.constexpr, PAIRS: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, STREAM: tl.constexpr,
 ):
-    """PAIRS: the data (and output) pointers are 32-bit words holding two 16-bit values, D and
+    """out[b, h, :] = sum_r scale_r * data[r, b, h, :] for one token row and BLOCK_H heads.
+
+    PAIRS: the data (and output) pointers are 32-bit words holding two 16-bit values, D and
     the strides count words, and a packed LSE is the word at index D (LSE_LANES == 1)."""
     b = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1).to(tl.int64) * BLOCK_H + tl.arange(0, BLOCK_H)
@@ -66,41 +88,30 @@ def _combine_kernel(
     m = (n < N)[:, None] & h_ok[None, :]
     lse = _load_lse_tile(data_bits_ptr, lse_ptr, b, h, n, m,
                          s_dn, s_db, s_dh, s_ln, s_lb, s_lh, D, LSE_LANES)
-    scale, g = merge_weights(lse, BASE_E)
+    scale, g = merge_weights(lse, n, BASE_E, BLOCK_N)
 
     # The rank loop is unrolled (N is a constexpr: one compile per group size) so the N loads
-    # of a tile can all be in flight. (One [BLOCK_N, BLOCK_H, BLOCK_D] tile was tried: slower
-    # at every shape; docs/perf.md.)
+    # of a tile can all be in flight, and it adds the ranks in the order 0..N-1 that
+    # merge_weights uses. (One [BLOCK_N, BLOCK_H, BLOCK_D] tile was tried: slower at every
+    # shape; docs/perf.md.)
     out_row = (b * HPR + h) * D
     for d0 in range(0, D, BLOCK_D):
         d = d0 + tl.arange(0, BLOCK_D)
         md = h_ok[:, None] & (d < D)[None, :]
+        acc = tl.zeros((BLOCK_H, BLOCK_D), dtype=tl.float32)
+        acc_hi = tl.zeros((BLOCK_H, BLOCK_D), dtype=tl.float32)  # PAIRS only
+        for r in tl.static_range(N):
+            sc = rank_row(scale, n, r)[:, None]
+            offs = r * s_dn + b * s_db + h[:, None] * s_dh + d[None, :] * s_dd
+            lo, hi = _load_lanes(data_ptr, data_bits_ptr, offs, md, IS_BF16, PAIRS, STREAM)
+            acc = add_weighted(acc, sc, lo)
+            if PAIRS:
+                acc_hi = add_weighted(acc_hi, sc, hi)
+        offs_out = out_row[:, None] + d[None, :]
         if PAIRS:
-            acc = tl.zeros((BLOCK_H, BLOCK_D), dtype=tl.float32)
-            acc_hi = tl.zeros((BLOCK_H, BLOCK_D), dtype=tl.float32)
-            for r in tl.static_range(N):
-                sc = tl.sum(tl.where((n == r)[:, None], scale, 0.0), axis=0)
-                offs = r * s_dn + b * s_db + h[:, None] * s_dh + d[None, :] * s_dd
-                if STREAM:
-                    w = tl.load(data_bits_ptr + offs, mask=md, other=0,
-                                eviction_policy="evict_first")
-                else:
-                    w = tl.load(data_bits_ptr + offs, mask=md, other=0)
-                lo, hi = split_pair_f32(w, IS_BF16)
-                acc += weighted_term(sc[:, None], lo)
-                acc_hi += weighted_term(sc[:, None], hi)
-            tl.store(out_bits_ptr + out_row[:, None] + d[None, :],
-                     join_pair_from_f32(acc, acc_hi, IS_BF16), mask=md)
+            tl.store(out_bits_ptr + offs_out, join_pair_from_f32(acc, acc_hi, IS_BF16), mask=md)
         else:
-            acc = tl.zeros((BLOCK_H, BLOCK_D), dtype=tl.float32)
-            for r in tl.static_range(N):
-                # this rank's column of the weight tile (a sum of one value and zeros: exact)
-                sc = tl.sum(tl.where((n == r)[:, None], scale, 0.0), axis=0)
-                offs = r * s_dn + b * s_db + h[:, None] * s_dh + d[None, :] * s_dd
-                x = load_f32(data_ptr, data_bits_ptr, offs, md, IS_BF16)
-                acc += weighted_term(sc[:, None], x)
-            store_from_f32(out_ptr, out_bits_ptr, out_row[:, None] + d[None, :], acc, md,
-                           IS_BF16)
+            store_from_f32(out_ptr, out_bits_ptr, offs_out, acc, md, IS_BF16)
     if RETURN_LSE:
         tl.store(lse_out_ptr + b * HPR + h, g, mask=h_ok)
 
@@ -121,15 +132,15 @@ def _scale_kernel(
     m = (n < N)[:, None] & h_ok[None, :]
     lse = tl.load(lse_all_ptr + (n[:, None] * B + b) * H + h[None, :], mask=m,
                   other=float("-inf"))
-    scale, g = merge_weights(lse, BASE_E)
-    sc = tl.sum(tl.where((n == rank)[:, None], scale, 0.0), axis=0)
+    scale, g = merge_weights(lse, n, BASE_E, BLOCK_N)
+    sc = rank_row(scale, n, rank)[:, None]
     dst_row = ((h // HPR) * B + b) * HPR + h % HPR
     for d0 in range(0, D, BLOCK_D):
         d = d0 + tl.arange(0, BLOCK_D)
         md = h_ok[:, None] & (d < D)[None, :]
         x = load_f32(out_ptr, out_bits_ptr, b * s_ob + h[:, None] * s_oh + d[None, :] * s_od,
                      md, IS_BF16)
-        y = weighted_term(sc[:, None], x)
+        y = weighted_term(sc, x)
         store_from_f32(dst_ptr, dst_bits_ptr, dst_row[:, None] * D + d[None, :], y, md, IS_BF16)
     if RETURN_LSE:
         mine = h_ok & (h // HPR == rank)
@@ -159,7 +170,7 @@ def _launch_combine(data, data_bits, lse, N, B, hpr, D, lse_lanes, return_lse, b
         N=N, LSE_LANES=lse_lanes, BASE_E=bool(base_e), RETURN_LSE=bool(return_lse),
         IS_BF16=data.dtype == torch.bfloat16, PAIRS=words is not None,
         BLOCK_N=next_pow2(N), BLOCK_H=cfg.block_h, BLOCK_D=cfg.block_d, STREAM=cfg.stream,
-        num_warps=cfg.num_warps,
+        num_warps=cfg.num_warps, **NO_CONTRACTION,
     )
     return (out, lse_out) if return_lse else out
 
@@ -221,6 +232,6 @@ def scale_for_reduce_scatter(out, lse_all, rank, return_lse, is_lse_base_on_e, d
             BASE_E=bool(is_lse_base_on_e), RETURN_LSE=bool(return_lse),
             IS_BF16=out.dtype == torch.bfloat16,
             BLOCK_N=next_pow2(N), BLOCK_H=cfg.block_h, BLOCK_D=cfg.block_d,
-            num_warps=cfg.num_warps,
+            num_warps=cfg.num_warps, **NO_CONTRACTION,
         )
     return lse_out

@@ -20,6 +20,14 @@ from . import _env  # noqa: F401  (sets TRITON_INTERPRET before the kernels are 
 import triton
 import triton.language as tl
 
+# Launch option for every kernel that does floating-point arithmetic: no multiply-add
+# contraction. With contraction on, whether ``acc + w * x`` becomes one FMA is the compiler's
+# choice per specialisation (it fused it where the loads were vectorised and not where they were
+# not), so packed and two_collective -- same source, different strides -- differed in the last
+# bit of float32 outputs on an H200. Without it every launch configuration computes exactly the
+# operations written here, in the order written.
+NO_CONTRACTION = {"enable_fp_fusion": False}
+
 
 @triton.jit
 def row_is_empty(b, seq_lens_ptr, qsl_ptr, num_seqs, search_steps):
@@ -43,11 +51,22 @@ def row_is_empty(b, seq_lens_ptr, qsl_ptr, num_seqs, search_steps):
 
 
 @triton.jit
-def merge_weights(lse, BASE_E: tl.constexpr):
-    """Normalised merge weights and merged LSE for a [BLOCK_N, BLOCK_H] fp32 tile of LSEs.
+def rank_row(tile, n, r):
+    """Row ``r`` of a [BLOCK_N, BLOCK_H] tile as a [BLOCK_H] vector: a sum of that row and zeros,
+    so exact whatever order the reduction takes."""
+    return tl.sum(tl.where((n == r)[:, None], tile, 0.0), axis=0)
 
-    Masked-out entries must be loaded as -inf. Returns (scale[BLOCK_N, BLOCK_H], g[BLOCK_H]):
-    scale_n = exp(s_n - g), exactly 0 where the weight underflows or s_n is -inf/NaN/+inf.
+
+@triton.jit
+def merge_weights(lse, n, BASE_E: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Normalised merge weights and merged LSE for a [BLOCK_N, BLOCK_H] fp32 tile of LSEs
+    (``n = tl.arange(0, BLOCK_N)``; masked-out rows must be loaded as -inf).
+
+    Returns (scale[BLOCK_N, BLOCK_H], g[BLOCK_H]): scale_n = exp(s_n - m) / sum_k exp(s_k - m)
+    with m the row max (the global-max formulation), exactly 0 where the weight underflows or
+    s_n is -inf/NaN/+inf. Every rounding happens in a fixed order: the max is exact in any
+    order, and the sum runs over ranks 0, 1, ..., N-1 one addition at a time, so the result
+    does not depend on how a launch configuration lays the tile out over threads.
     """
     lse = tl.where((lse != lse) | (lse == float("inf")), float("-inf"), lse)
     m = tl.max(lse, axis=0)
@@ -58,7 +77,9 @@ def merge_weights(lse, BASE_E: tl.constexpr):
         w = tl.exp(lse - m_safe[None, :])
     else:
         w = tl.exp2(lse - m_safe[None, :])
-    s = tl.sum(w, axis=0)
+    s = tl.zeros_like(m_safe)
+    for r in tl.static_range(BLOCK_N):  # rows past N hold 0: adding them is exact
+        s = s + rank_row(w, n, r)
     s_safe = tl.where(s > 0, s, 1.0)
     scale = tl.where(w > 0, w / s_safe[None, :], 0.0)
     if BASE_E:
@@ -72,6 +93,13 @@ def merge_weights(lse, BASE_E: tl.constexpr):
 def weighted_term(scale_n, x):
     """scale_n * x with the identity guaranteed: a zero weight never lets a NaN/inf x in."""
     return tl.where(scale_n > 0, scale_n * x, 0.0)
+
+
+@triton.jit
+def add_weighted(acc, scale_n, x):
+    """acc + scale_n * x in two roundings, a multiply and then an add (the kernels are compiled
+    without FMA contraction, see ``NO_CONTRACTION``); a zero weight adds exactly nothing."""
+    return acc + weighted_term(scale_n, x)
 
 
 # bfloat16 conversions through integer bits. The compiled path would round correctly with a
