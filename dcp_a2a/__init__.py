@@ -8,13 +8,18 @@ Public contract (names, signatures and keyword names are stable):
     lse_reduce(out, lse, group, *, return_lse=False, is_lse_base_on_e=True, seq_lens=None,
                query_start_loc=None, backend="packed")
     Group(world_size, rank_in_group, device_group); Group.from_process_group(pg)
+
+The product: this package, :mod:`dcp_a2a.kernels` (the Triton kernels and launch table),
+:mod:`dcp_a2a.wire` (the format and its checks), :mod:`dcp_a2a.buffers` (staging under CUDA
+graphs) and :mod:`dcp_a2a.inprocess` (N ranks in one process). It imports nothing of the
+validation harness, :mod:`dcp_a2a.testing` (``dcp-a2a validate``, the conformance suite, the
+accuracy job, the benchmark).
 """
 
 from . import _env  # noqa: F401  (must run before any Triton kernel is defined)
 from .buffers import StagingBuffers
 from .collective import BACKENDS, Group, lse_reduce, lse_reduce_steps
-from .combine import unpack_combine
-from .pack import pack_send
+from .ops import pack_send, unpack_combine
 from .wire import lse_pack_dim
 
 __all__ = [

@@ -1,7 +1,8 @@
-"""``python -m dcp_a2a validate ...`` is ``dcp-a2a validate ...``."""
+"""``python -m dcp_a2a validate ...`` is ``dcp-a2a validate ...`` (the harness's command line;
+an entry point only: the product itself never imports the harness)."""
 
 import sys
 
-from .cli import main
+from .testing.cli import main
 
 sys.exit(main())

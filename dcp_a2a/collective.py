@@ -1,11 +1,11 @@
 """``lse_reduce``: merge DCP attention partials across the group, three ways.
 
 Each backend is written once as a generator of *steps*: it does its local work, yields the
-collective it needs (``("all_to_all", send)``, ``("all_to_all_pair", (a, b))``,
-``("all_gather", t)``, ``("reduce_scatter", t)``), receives the result and carries on. The same
-generator is driven either by ``torch.distributed`` (:func:`lse_reduce`) or by an in-process
-exchange of N generators (:mod:`dcp_a2a.inprocess`), so the local work tested in one process is
-exactly the work done on real ranks.
+collective it needs (``("all_to_all", (send, recv))``, ``("all_to_all_pair", (a, b))``,
+``("all_gather", (local, gathered))``, ``("reduce_scatter", (scaled, merged))``), receives the
+result and carries on. The same generator is driven either by ``torch.distributed``
+(:func:`lse_reduce`) or by the in-process exchange of N generators (:mod:`dcp_a2a.inprocess`),
+so the local work tested in one process is exactly the work done on real ranks.
 
 Backends
   packed          pack out+LSE into one buffer, one ``all_to_all_single``, unpack-combine
@@ -23,14 +23,16 @@ from typing import Any, Generator
 import torch
 
 from .buffers import StagingBuffers, default_buffers
-from .combine import combine_separate, scale_for_reduce_scatter, unpack_combine
-from .pack import lse_to_wire, pack_send
+from .kernels.combine import combine_packed, combine_separate, scale_for_reduce_scatter
+from .kernels.pack import lse_to_wire, pack
 from .wire import (
     check_head_split,
     check_output_and_lse,
     check_seq_meta,
     lse_pack_dim,
+    require_bool,
     require_int,
+    require_runnable_device,
 )
 
 BACKENDS = ("packed", "two_collective", "ag_rs")
@@ -69,60 +71,102 @@ def _check_group(group) -> tuple[int, int]:
     return n, r
 
 
+def _check_process_group(pg, n: int) -> None:
+    """A group of N > 1 needs a live process group of N ranks: checked here so that a missing
+    one is a ValueError before any kernel runs, not an error inside the collective."""
+    import torch.distributed as dist
+
+    if pg is None:
+        raise ValueError(
+            f"group.device_group is None but world_size={n}: pass the torch.distributed "
+            "ProcessGroup of the DCP group (None is only allowed for a group of one)")
+    if not dist.is_available() or not dist.is_initialized():
+        raise ValueError(f"world_size={n} needs torch.distributed: call "
+                         "torch.distributed.init_process_group first")
+    if isinstance(pg, dist.ProcessGroup) and pg.size() != n:
+        raise ValueError(f"group.device_group has {pg.size()} ranks but "
+                         f"group.world_size={n}")
+
+
+@dataclass(frozen=True)
+class _Call:
+    """One rank's checked arguments, as every backend takes them."""
+
+    out: torch.Tensor
+    lse: torch.Tensor
+    world_size: int
+    rank: int
+    h_per_rank: int
+    return_lse: bool
+    is_lse_base_on_e: bool
+    seq_lens: Any
+    query_start_loc: Any
+    buffers: StagingBuffers
+
+    @property
+    def avoid(self):  # staging must never alias the inputs
+        return (self.out, self.lse)
+
+
 def lse_reduce_steps(out, lse, world_size: int, rank: int, *, return_lse=False,
                      is_lse_base_on_e=True, seq_lens=None, query_start_loc=None,
                      backend="packed", buffers: StagingBuffers | None = None
                      ) -> Generator[Step, Any, Any]:
-    """The backend as a generator of collective steps; returns what ``lse_reduce`` returns.
+    """Check the arguments, then return the backend as a generator of collective steps (its
+    return value is what ``lse_reduce`` returns).
 
-    All argument checks run before the first step is yielded, so bad input raises on every rank
-    before any rank enters a collective (no hung collective on a ValueError).
+    The checks run here, when it is called, so bad input raises on every rank before any rank
+    launches a kernel or enters a collective (no hung collective on a ValueError).
     """
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}: expected one of {', '.join(BACKENDS)}")
-    for name, v in (("return_lse", return_lse), ("is_lse_base_on_e", is_lse_base_on_e)):
-        if not isinstance(v, bool):
-            raise TypeError(f"{name} must be a bool, got {type(v).__name__}")
-    B, H, D = check_output_and_lse(out, lse)
+    require_bool("return_lse", return_lse)
+    require_bool("is_lse_base_on_e", is_lse_base_on_e)
+    B, H, _ = check_output_and_lse(out, lse)
     hpr = check_head_split(H, world_size)
     check_seq_meta(seq_lens, query_start_loc, B, out.device)
-    buffers = buffers if buffers is not None else default_buffers()
-    return (yield from _BACKEND_STEPS[backend](
-        out, lse, world_size, rank, B, H, D, hpr, return_lse, is_lse_base_on_e,
-        seq_lens, query_start_loc, buffers))
+    if B and H:
+        require_runnable_device(out)
+    call = _Call(out, lse, world_size, rank, hpr, return_lse, is_lse_base_on_e, seq_lens,
+                 query_start_loc, buffers if buffers is not None else default_buffers())
+    return _BACKEND_STEPS[backend](call)
 
 
-def _packed(out, lse, N, rank, B, H, D, hpr, return_lse, base_e, seq_lens, qsl, buffers):
-    p = lse_pack_dim(out.dtype)
-    send, recv = buffers.wire_pair((N, B, hpr, D + p), out.dtype, out.device,
-                                   avoid=(out, lse))
-    pack_send(out, lse, send, N, hpr, D, p, seq_lens=seq_lens, query_start_loc=qsl)
+def _packed(c: _Call):
+    B, H, D = c.out.shape
+    send, recv = c.buffers.wire_pair((c.world_size, B, c.h_per_rank, D + lse_pack_dim(c.out.dtype)),
+                                     c.out.dtype, c.out.device, avoid=c.avoid)
+    pack(c.out, c.lse, send, c.h_per_rank, c.seq_lens, c.query_start_loc)
     recv = yield ("all_to_all", (send, recv))
-    return unpack_combine(recv, D, p, return_lse, base_e)
+    return combine_packed(recv, D, c.return_lse, c.is_lse_base_on_e)
 
 
-def _two_collective(out, lse, N, rank, B, H, D, hpr, return_lse, base_e, seq_lens, qsl,
-                    buffers):
-    avoid = (out, lse)
-    data_send, data_recv = buffers.wire_pair((N, B, hpr, D), out.dtype, out.device, "data", avoid)
-    lse_send, lse_recv = buffers.wire_pair((N, B, hpr), torch.float32, out.device, "lse", avoid)
-    data_send.copy_(out.unflatten(1, (N, hpr)).transpose(0, 1))
-    lse_to_wire(lse, lse_send, N, seq_lens, qsl)
+def _two_collective(c: _Call):
+    B, H, D = c.out.shape
+    n, dev = c.world_size, c.out.device
+    data_send, data_recv = c.buffers.wire_pair((n, B, c.h_per_rank, D), c.out.dtype, dev,
+                                               "data", c.avoid)
+    lse_send, lse_recv = c.buffers.wire_pair((n, B, c.h_per_rank), torch.float32, dev, "lse",
+                                             c.avoid)
+    data_send.copy_(c.out.unflatten(1, (n, c.h_per_rank)).transpose(0, 1))
+    lse_to_wire(c.lse, lse_send, n, c.seq_lens, c.query_start_loc)
     data_recv, lse_recv = yield ("all_to_all_pair", ((data_send, data_recv), (lse_send, lse_recv)))
-    return combine_separate(data_recv, lse_recv, return_lse, base_e)
+    return combine_separate(data_recv, lse_recv, c.return_lse, c.is_lse_base_on_e)
 
 
-def _ag_rs(out, lse, N, rank, B, H, D, hpr, return_lse, base_e, seq_lens, qsl, buffers):
-    avoid = (out, lse)
-    lse_local = buffers.get((B, H), torch.float32, out.device, "ag_rs.lse", avoid)
-    lse_to_wire(lse, lse_local, N, seq_lens, qsl)
-    lse_all = buffers.get((N, B, H), torch.float32, out.device, "ag_rs.lse_all", avoid)
+def _ag_rs(c: _Call):
+    B, H, D = c.out.shape
+    n, dev = c.world_size, c.out.device
+    lse_local = c.buffers.get((B, H), torch.float32, dev, "ag_rs.lse", c.avoid)
+    lse_to_wire(c.lse, lse_local, n, c.seq_lens, c.query_start_loc)
+    lse_all = c.buffers.get((n, B, H), torch.float32, dev, "ag_rs.lse_all", c.avoid)
     lse_all = yield ("all_gather", (lse_local, lse_all))
-    scaled = buffers.get((N, B, hpr, D), out.dtype, out.device, "ag_rs.scaled", avoid)
-    lse_out = scale_for_reduce_scatter(out, lse_all, rank, return_lse, base_e, dst=scaled)
-    merged = torch.empty((B, hpr, D), dtype=out.dtype, device=out.device)  # returned: owned
-    merged = yield ("reduce_scatter", (scaled, merged))                   # by the caller
-    return (merged, lse_out) if return_lse else merged
+    scaled = c.buffers.get((n, B, c.h_per_rank, D), c.out.dtype, dev, "ag_rs.scaled", c.avoid)
+    lse_out = scale_for_reduce_scatter(c.out, lse_all, c.rank, c.return_lse,
+                                       c.is_lse_base_on_e, dst=scaled)
+    merged = torch.empty((B, c.h_per_rank, D), dtype=c.out.dtype, device=dev)  # returned:
+    merged = yield ("reduce_scatter", (scaled, merged))                       # the caller's
+    return (merged, lse_out) if c.return_lse else merged
 
 
 _BACKEND_STEPS = {"packed": _packed, "two_collective": _two_collective, "ag_rs": _ag_rs}
@@ -209,4 +253,6 @@ def lse_reduce(out, lse, group, *, return_lse=False, is_lse_base_on_e=True, seq_
                              is_lse_base_on_e=is_lse_base_on_e, seq_lens=seq_lens,
                              query_start_loc=query_start_loc, backend=backend, buffers=buffers)
     pg = group.device_group
+    if n > 1:
+        _check_process_group(pg, n)
     return drive(steps, lambda kind, payload: _dist_step(kind, payload, pg, n))

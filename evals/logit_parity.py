@@ -18,13 +18,13 @@ import json
 import time
 from pathlib import Path
 
-import evals  # noqa: F401  (dcp_a2a before transformers)
+import dcp_a2a.evals  # noqa: F401  (dcp_a2a before transformers)
 
 import torch
 
 
 def gsm8k_texts(limit: int, gsm8k_dir=None) -> list[str]:
-    from evals.tasks.gsm8k_local.utils import resolve_dir
+    from dcp_a2a.evals.tasks.gsm8k_local.utils import resolve_dir
 
     d = resolve_dir(gsm8k_dir)
     texts = []

@@ -1,8 +1,10 @@
-"""Pure-PyTorch reference for dcp_a2a: a float64 oracle and a second implementation of the
-wire format. Independent of the Triton code on purpose: nothing here imports ``dcp_a2a``."""
+"""Pure-PyTorch reference for dcp_a2a: the float64 oracle, the wire format in torch views, and
+a second, independent implementation of the contract (:mod:`.contract`). Installed as
+``dcp_a2a.reference``; independent of the Triton code on purpose: nothing here uses the kernels
+or any other module of dcp_a2a."""
 
-from .combine import combine_magnitude, lse_weighted_combine, logsumexp_oracle, sanitize_lse
-from .simulate import simulate_lse_reduce
+from .combine import (combine_magnitude, logsumexp_oracle, lse_weighted_combine, sanitize_lse,
+                      small_weight_magnitude)
 from .wire import lse_pack_dim, pack_send, unpack_combine
 
 __all__ = [
@@ -12,6 +14,6 @@ __all__ = [
     "lse_weighted_combine",
     "pack_send",
     "sanitize_lse",
-    "simulate_lse_reduce",
+    "small_weight_magnitude",
     "unpack_combine",
 ]

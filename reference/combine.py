@@ -69,6 +69,20 @@ def combine_magnitude(outputs: torch.Tensor, lses: torch.Tensor,
     return wx.sum(dim=0), (wx * shift.abs()[..., None]).sum(dim=0)
 
 
+def small_weight_magnitude(outputs: torch.Tensor, lses: torch.Tensor, is_lse_base_on_e: bool,
+                           below: float, at_least: float) -> torch.Tensor:
+    """sum over ranks whose exact weight w_n is below ``below`` of max(w_n, at_least) * |o_n|
+    (float64 [B, H, D]): what weights in fp32's subnormal range, computed with up to 100 %
+    relative error or flushed to zero, can move the merge by."""
+    w, _ = _weights(lses, is_lse_base_on_e)
+    # a finite LSE has a positive exact weight, even where float64 underflows it to 0
+    tiny = torch.isfinite(sanitize_lse(lses)) & (w < below)
+    x = outputs.to(torch.float64).abs()
+    per = torch.where(tiny[..., None] & torch.isfinite(x),
+                      torch.clamp(w, min=at_least)[..., None] * x, torch.zeros_like(x))
+    return per.sum(dim=0)
+
+
 def logsumexp_oracle(lses: torch.Tensor, is_lse_base_on_e: bool = True) -> torch.Tensor:
     """Merged LSE over axis 0 through scipy.special.logsumexp: an oracle independent of the
     torch code above (NaN/+inf count as -inf, as in the contract)."""

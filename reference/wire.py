@@ -40,16 +40,30 @@ def _lse_lanes(buf: torch.Tensor, head_dim: int) -> torch.Tensor:
 
 
 def row_mask(num_rows: int, seq_lens, query_start_loc) -> torch.Tensor:
-    """Bool [B]: rows with no local KV (their request's seq_len is 0) or padding rows."""
+    """Bool [B]: rows with no local KV (their request's seq_len is 0) or padding rows (before
+    ``query_start_loc[0]`` or from ``query_start_loc[-1]`` on).
+
+    The request of row b is found by the binary search the kernels run: with the contract's
+    precondition (query_start_loc non-decreasing) it is the last s with
+    ``query_start_loc[s] <= b``; on any other input this search and the kernels' still make the
+    same decisions, so the two implementations agree on every input.
+    """
     if seq_lens is None:
         return torch.zeros(num_rows, dtype=torch.bool)
     qsl = query_start_loc.to("cpu", torch.int64)
     sl = seq_lens.to("cpu", torch.int64)
-    # request of row i: the last s with qsl[s] <= i (query_start_loc is non-decreasing);
-    # rows before qsl[0] or from qsl[-1] on belong to no request: padding
-    req = torch.searchsorted(qsl, torch.arange(num_rows), right=True) - 1
-    padding = (req < 0) | (req >= sl.numel())
-    return padding | (sl[req.clamp(0, max(sl.numel() - 1, 0))] <= 0) if sl.numel() else padding
+    n = sl.numel()
+    rows = torch.arange(num_rows)
+    if n == 0:  # no request: every row is padding
+        return torch.ones(num_rows, dtype=torch.bool)
+    lo = torch.zeros(num_rows, dtype=torch.int64)
+    hi = torch.full((num_rows,), n - 1, dtype=torch.int64)
+    for _ in range(0 if n <= 1 else math.ceil(math.log2(n))):
+        mid = (lo + hi + 1) // 2
+        go = qsl[mid] <= rows
+        lo = torch.where(go, mid, lo)
+        hi = torch.where(go, hi, mid - 1)
+    return (rows >= qsl[n]) | (rows < qsl[0]) | (sl[lo] <= 0)
 
 
 def pack_send(out, lse, send, world_size, h_per_rank, head_dim, lse_pack_dim,

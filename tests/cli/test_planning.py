@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from dcp_a2a import validate as val
-from dcp_a2a.cli import run_problem
+from dcp_a2a.testing import validate as val
+from dcp_a2a.testing.cli import run_problem
 
 pytestmark = pytest.mark.unit
 
@@ -94,8 +94,8 @@ def test_exact_results_have_infinite_headroom():
 
 def test_dtype_summary_uses_real_merge_reports():
     torch = pytest.importorskip("torch")
-    from dcp_a2a.compare import check_merge
-    from reference import lse_weighted_combine
+    from dcp_a2a.testing.compare import check_merge
+    from dcp_a2a.reference import lse_weighted_combine
 
     g = torch.Generator().manual_seed(0)
     outs = torch.randn(3, 2, 4, 8, generator=g).to(torch.bfloat16)
@@ -123,10 +123,10 @@ def test_run_problems():
 
 def test_eval_jobs_name_what_is_missing(tmp_path):
     m = machine()
-    m["modules"] = {"evals.logit_parity": False, "evals.gsm8k": True, "transformers": True,
+    m["modules"] = {"dcp_a2a.evals.logit_parity": False, "dcp_a2a.evals.gsm8k": True, "transformers": True,
                     "gguf": True, "lm_eval": True}
     lp, gs = val.plan_evals(m, tmp_path, 10, "reference,packed")
-    assert lp.reason == "evals.logit_parity is not in this checkout" and not lp.command
+    assert lp.reason == "dcp_a2a.evals.logit_parity is not in this checkout" and not lp.command
     assert gs.reason.startswith("eval model not found")
     m["eval_model"] = "/m.gguf"
     _, gs = val.plan_evals(m, tmp_path, 10, "reference,packed")

@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from dcp_a2a import cli
+from dcp_a2a.testing import cli
 
 from ._fake_suite import write_suite
 

@@ -28,16 +28,16 @@ import math
 import pytest
 import torch
 
-import evals  # noqa: F401  (dcp_a2a before transformers)
+import dcp_a2a.evals  # noqa: F401  (dcp_a2a before transformers)
 
 pytestmark = pytest.mark.e2e
 
 transformers = pytest.importorskip("transformers", reason="transformers is not installed (the test extra has it)")
 
-from dcp_a2a import tolerances as tol  # noqa: E402
-from evals.dcp_attention import (  # noqa: E402
+from dcp_a2a.testing import tolerances as tol  # noqa: E402
+from dcp_a2a.evals.dcp_attention import (  # noqa: E402
     DCPSettings, attach_dcp, partial_attention, register, shard_owner, visible_mask)
-from reference import combine_magnitude, lse_weighted_combine  # noqa: E402
+from dcp_a2a.reference import combine_magnitude, lse_weighted_combine  # noqa: E402
 
 N = 4
 U32 = 2.0 ** -24
@@ -164,7 +164,7 @@ def test_logits_within_derived_bound(tiny, jacobians, merge_check, backend, base
 
 def test_bound_catches_lse_rounded_to_bf16(tiny, jacobians):
     """Mutation: a combine that sees LSEs rounded to bfloat16 must break the logit bound."""
-    import evals.dcp_attention as da
+    import dcp_a2a.evals.dcp_attention as da
 
     orig = da._REFERENCE["packed"]
 

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-import evals  # noqa: F401  (dcp_a2a before transformers)
+import dcp_a2a.evals  # noqa: F401  (dcp_a2a before transformers)
 
 pytestmark = pytest.mark.e2e
 transformers = pytest.importorskip("transformers", reason="transformers is not installed (the test extra has it)")
@@ -56,7 +56,7 @@ def tiny_dir(tmp_path_factory):
 
 
 def test_logit_parity_driver(tiny_dir, tmp_path):
-    from evals import logit_parity
+    from dcp_a2a.evals import logit_parity
 
     model_dir, data = tiny_dir
     out = tmp_path / "lp"
@@ -87,7 +87,7 @@ def test_gsm8k_driver_through_lm_eval(tiny_dir, tmp_path):
     ``gsm8k_local`` YAML task (5-shot from the local train split), every backend on the same
     questions, paired statistics against ``reference``."""
     pytest.importorskip("lm_eval", reason="lm-eval is not installed (the test extra has it)")
-    from evals import gsm8k
+    from dcp_a2a.evals import gsm8k
 
     model_dir, data = tiny_dir
     out = tmp_path / "g"

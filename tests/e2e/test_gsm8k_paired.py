@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from evals.gsm8k import FILTERS, paired
+from dcp_a2a.evals.gsm8k import FILTERS, paired
 
 pytestmark = pytest.mark.e2e
 
@@ -39,7 +39,7 @@ def test_flips_and_prefixes():
 
 def test_markdown_of_a_single_question_run():
     """lm-eval reports the stderr of one question as the string "N/A": the table says nan."""
-    from evals.gsm8k import _number, markdown
+    from dcp_a2a.evals.gsm8k import _number, markdown
 
     assert _number("N/A") != _number("N/A") and _number("0.25") == 0.25
     run = {"backend": "reference", "wall_s": 1.0,

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dcp_a2a.compare import check_merge
-from reference import lse_weighted_combine
+from dcp_a2a.testing.compare import check_merge
+from dcp_a2a.reference import lse_weighted_combine
 
 pytestmark = [
     pytest.mark.gpu,

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from dcp_a2a import Group, StagingBuffers, lse_reduce
-from tests._data import partials
+from dcp_a2a.testing.data import partials
 from tests.gpu._designs import GrowableWorkspace, PerCallAllocation
 
 pytestmark = [

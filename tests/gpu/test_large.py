@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests._data import poison_like
+from dcp_a2a.testing.data import poison_like
 
 pytestmark = [
     pytest.mark.gpu,

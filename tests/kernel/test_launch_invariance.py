@@ -5,7 +5,7 @@ The identity packed == two_collective is what the accuracy job checks across rea
 H200 it once failed for float32 at B=1 because the compiler contracted ``acc + w * x`` into an
 FMA in one kernel specialisation and not in the other. This test sees that class of bug on one
 device, in one process: all N ranks run in this process (``dcp_a2a.inprocess``), every backend,
-under every configuration of ``dcp_a2a.tuning.every_launch``. On a GPU it runs the accuracy job's
+under every configuration of ``dcp_a2a.kernels.tuning.every_launch``. On a GPU it runs the accuracy job's
 grid compiled; on the CPU interpreter a small grid (the same code paths, numpy arithmetic).
 """
 
@@ -16,10 +16,10 @@ import itertools
 import pytest
 import torch
 
-from dcp_a2a import tuning
-from dcp_a2a.accuracy import GPU_SHAPES, Shape, parse_shapes, rank_partial
+from dcp_a2a.kernels import tuning
+from dcp_a2a.testing.accuracy import GPU_SHAPES, Shape, parse_shapes, rank_partial
 from dcp_a2a.inprocess import lse_reduce_in_process
-from tests._data import bits_view
+from dcp_a2a.testing.data import bits_view
 
 pytestmark = pytest.mark.kernel
 

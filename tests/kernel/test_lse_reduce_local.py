@@ -1,5 +1,6 @@
-"""Kernel tier: lse_reduce on a group of one (contract) and every backend on an in-process
-group of N (project: dcp_a2a.inprocess runs each backend's real local work)."""
+"""Kernel tier: every backend on an in-process group of N (dcp_a2a.inprocess runs each
+backend's real local work). The contract on a group of one is the conformance suite's
+(dcp_a2a/testing/conformance/test_group_of_one.py)."""
 
 from __future__ import annotations
 
@@ -9,35 +10,9 @@ import pytest
 import torch
 
 from dcp_a2a import Group
-from tests._data import DTYPES, partials
+from dcp_a2a.testing.data import DTYPES, heads_of, partials
 
 
-def _heads(r, n, h):
-    return slice(r * h // n, (r + 1) * h // n)
-
-
-@pytest.mark.kernel
-@pytest.mark.conformance
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_world_size_one_passes_through(impl, device, dtype):
-    """N = 1: no exchange; the merge of one state is that state (bitwise) and its LSE."""
-    outs, lses = partials(1, 4, 3, 20, dtype, device=device)
-    out, lse = impl.lse_reduce(outs[0], lses[0], Group(1, 0, None), return_lse=True)
-    assert torch.equal(out.cpu(), outs[0].cpu())
-    assert torch.equal(lse.cpu(), lses[0].cpu())
-
-
-@pytest.mark.kernel
-@pytest.mark.conformance
-def test_world_size_one_masks_empty_rows(impl, device):
-    outs, lses = partials(1, 3, 2, 8, torch.float16, device=device)
-    out, lse = impl.lse_reduce(
-        outs[0], lses[0], Group(1, 0, None), return_lse=True,
-        seq_lens=torch.tensor([3, 0], dtype=torch.int32, device=device),
-        query_start_loc=torch.tensor([0, 1, 2], dtype=torch.int32, device=device))
-    out, lse = out.cpu(), lse.cpu()
-    assert torch.equal(out[0], outs[0, 0].cpu()) and torch.all(out[1:] == 0)
-    assert torch.all(lse[1:] == -math.inf)
 
 
 BACKENDS = ["packed", "two_collective", "ag_rs"]
@@ -65,7 +40,7 @@ def test_backends_in_process(project_only, device, merge_check, dtype, n, base_e
         for bk in BACKENDS:
             out, lse = results[bk][r]
             merge_check(out.cpu(), lse.cpu(), outs.cpu(), lses.cpu(), is_lse_base_on_e=base_e,
-                        heads=_heads(r, n, h), kind="ag_rs" if bk == "ag_rs" else "a2a")
+                        heads=heads_of(r, n, h), kind="ag_rs" if bk == "ag_rs" else "a2a")
 
 
 @pytest.mark.kernel
@@ -88,7 +63,7 @@ def test_backends_honour_masks(project_only, device, merge_check, backend):
     want_lses[:, 4] = -math.inf
     for r, (out, lse) in enumerate(res):
         assert torch.all(out[4].cpu() == 0) and torch.all(lse[4].cpu() == -math.inf)
-        merge_check(out.cpu(), lse.cpu(), outs.cpu(), want_lses.cpu(), heads=_heads(r, n, h),
+        merge_check(out.cpu(), lse.cpu(), outs.cpu(), want_lses.cpu(), heads=heads_of(r, n, h),
                     kind="ag_rs" if backend == "ag_rs" else "a2a")
 
 

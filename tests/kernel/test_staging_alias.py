@@ -9,7 +9,7 @@ import torch
 
 from dcp_a2a import Group, StagingBuffers, lse_reduce
 from dcp_a2a.inprocess import lse_reduce_in_process
-from tests._data import partials
+from dcp_a2a.testing.data import partials
 from tests.gpu._designs import CarvedWorkspace
 
 pytestmark = pytest.mark.kernel

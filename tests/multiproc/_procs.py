@@ -12,25 +12,11 @@ import subprocess
 import sys
 import traceback
 
-from dcp_a2a.procpool import RankPool, fork_server_context
-
-# Imported by the fork server, so that no rank imports them itself (after every pool (re)start):
-# the tasks module (and through it the implementation loader), and the module Triton's
-# interpreter imports at its first kernel launch (~0.1 s a rank). A name that fails to import is
-# skipped by the fork server: this is only a head start.
-RANK_PRELOAD = (
-    "tests.multiproc.mp_tasks",
-    "triton.experimental.gluon",
-)
-
-
-def new_pool(world_size: int, **kw) -> RankPool:
-    """A gloo pool of the tier (its ranks are forks of the shared, preloaded fork server)."""
-    return RankPool(world_size, preload=RANK_PRELOAD, **kw)
-
+from dcp_a2a.testing.rankpool import RankPool, fork_server_context
+from dcp_a2a.testing.tasks import RANK_PRELOAD
 
 def helper_context():
-    """The fork server's multiprocessing context (started with RANK_PRELOAD if need be)."""
+    """The fork server's multiprocessing context (started with the tasks' preload if need be)."""
     return fork_server_context(RANK_PRELOAD)
 
 
@@ -100,9 +86,9 @@ def run_torchrun(argv: list, *, env: dict, cwd: str, timeout: float,
 def pool_owner(conn, world_size: int):
     """Body of a process that owns a pool: start it, run one task, send the ranks' pids, then
     wait to be killed (or, should the test process die first, return: its pool closes)."""
-    from tests.multiproc import mp_tasks
+    from dcp_a2a.testing import tasks as mp_tasks
 
-    pool = RankPool(world_size).start()
+    pool = RankPool(world_size, device="cpu").start()
     assert pool.run(mp_tasks.all_reduce_sum, world_size, 1.0) == [float(world_size)] * world_size
     conn.send(pool.pids)
     try:

@@ -1,40 +1,13 @@
-"""The multi-process tier: a pool of real gloo ranks shared by every test in this directory.
+"""The multi-process tier: real gloo process groups from the pool of ranks (the ``rank_pool``
+fixture of dcp_a2a/testing/plugin.py, shared with the conformance suite's multi-process tests).
 
-One :class:`dcp_a2a.procpool.RankPool` per test process (per xdist worker), started on first
-use: a WORLD of 8 ranks with subgroups of ranks {0,1}, {0,1,2} and {0..3}, so DCP groups of
-N = 2, 3, 4 and 8 share one start-up. The fault tests use their own small pool (see
-test_pool_faults.py) so that the teardowns they provoke do not cost the others a restart.
-At the end of the session the pool is closed and every rank it ever had must be gone.
-
-Every pool of a test process forks its ranks from that process's one fork server, which has
-imported torch, Triton and dcp_a2a (and tests/multiproc/_procs.RANK_PRELOAD, unless another
-user started it first); the torchrun launcher and the pool owner of the fault tests are forks
-of it too (tests/multiproc/_procs.py), so the tier pays torch's import once per test process.
+Every CPU pool of a test process forks its ranks from that process's one fork server, which has
+imported torch, Triton and dcp_a2a; the torchrun launcher and the pool owner of the fault tests
+are forks of it too (tests/multiproc/_procs.py), so the tier pays torch's import once per test
+process. On a GPU machine the ranks are spawned and compute on the GPUs (compiled kernels).
 """
 
 from __future__ import annotations
-
-import pytest
-
-from tests.multiproc._procs import new_pool
-from tests.multiproc.mp_tasks import pid_alive
-
-POOL_WORLD = 8
-GROUP_SIZES = (2, 3, 4, 8)
-# A collective that a peer never joins fails after PG_TIMEOUT on the waiting rank; the parent's
-# watchdog (TASK_TIMEOUT) is the backstop. Both well under any CI cap.
-PG_TIMEOUT_S = 20.0
-TASK_TIMEOUT_S = 60.0
-
-
-@pytest.fixture(scope="session")
-def rank_pool():
-    pool = new_pool(POOL_WORLD, subgroup_sizes=[n for n in GROUP_SIZES if n < POOL_WORLD],
-                    pg_timeout=PG_TIMEOUT_S, task_timeout=TASK_TIMEOUT_S)
-    yield pool
-    pool.close()
-    left = [p for p in pool.spawned_pids if pid_alive(p)]
-    assert not left, f"rank processes left after closing the pool: {left}"
 
 
 # --------------------------------------------------------------------------- ag_rs report

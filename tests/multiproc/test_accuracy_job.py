@@ -1,4 +1,4 @@
-"""The torchrun accuracy job (``python -m dcp_a2a.accuracy``): launched for real with torchrun
+"""The torchrun accuracy job (``python -m dcp_a2a.testing.accuracy``): launched for real with torchrun
 on 2 and 4 gloo ranks, run in-process on the pool (N = 3, and a deliberately broken
 implementation that it must reject), and its argument handling."""
 
@@ -9,8 +9,8 @@ import os
 
 import pytest
 
-from dcp_a2a import accuracy
-from tests.multiproc import mp_tasks
+from dcp_a2a.testing import accuracy
+from dcp_a2a.testing import tasks as mp_tasks
 from tests.multiproc._procs import run_torchrun
 
 pytestmark = pytest.mark.multiproc
@@ -54,7 +54,7 @@ def _check_report(report, world, shapes, n_backends=3, dtypes=tuple(accuracy.DTY
 @pytest.mark.parametrize("nproc", [2, 4])
 def test_torchrun_gloo(tmp_path, impl, nproc):
     out = tmp_path / "report.json"
-    argv = ["--standalone", f"--nproc-per-node={nproc}", "-m", "dcp_a2a.accuracy",
+    argv = ["--standalone", f"--nproc-per-node={nproc}", "-m", "dcp_a2a.testing.accuracy",
             "--shapes", SMALL, "--dist-backend", "gloo", "--out", str(out), *CASE_ARGS[nproc]]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": ROOT}
     proc = run_torchrun(argv, env=env, cwd=ROOT, timeout=300, out_dir=tmp_path)
@@ -86,12 +86,12 @@ def test_broken_implementation_fails_the_job(rank_pool):
     """An implementation that rounds the merged LSE through bfloat16 and scales the output by
     (1 + 2^-7) must be flagged: failing rows and exit status 1."""
     argv = ["--shapes", "2x4x24", "--dtype", "bfloat16,float32", "--base", "e", "--quiet",
-            "--impl", "tests.multiproc.mp_tasks:BROKEN"]
+            "--impl", "dcp_a2a.testing.tasks:BROKEN"]
     results = rank_pool.run(mp_tasks.accuracy_job, 2, argv, n=2, timeout=120)
     report, status = results[0]
     assert status == 1
     assert report["ok"] is False
-    assert report["meta"]["implementation"] == "tests.multiproc.mp_tasks:BROKEN"
+    assert report["meta"]["implementation"] == "dcp_a2a.testing.tasks:BROKEN"
     assert [c["backend"] for c in report["cases"]] == ["default", "default"]
     for c in report["cases"]:
         assert not c["ok"]

@@ -1,4 +1,4 @@
-"""The end-to-end collective benchmark (``dcp_a2a.bench --collective``) on 2 gloo ranks (CPU:
+"""The end-to-end collective benchmark (``dcp_a2a.testing.bench --collective``) on 2 gloo ranks (CPU:
 the times mean nothing here; on GPUs the same command times NCCL under torchrun).
 
 The ranks come from a pool of their own and start the benchmark the way torchrun starts it
@@ -15,9 +15,9 @@ from datetime import timedelta
 import pytest
 import torch.distributed as dist
 
-from tests.multiproc import mp_tasks
-from tests.multiproc._procs import new_pool
-from tests.multiproc.mp_tasks import pid_alive
+from dcp_a2a.testing import tasks as mp_tasks
+from dcp_a2a.testing.tasks import new_pool
+from dcp_a2a.testing.tasks import pid_alive
 
 pytestmark = pytest.mark.multiproc
 
@@ -31,7 +31,7 @@ def test_collective_bench_runs_on_two_ranks(tmp_path, project_only):
     # its own pool: the task replaces the ranks' process group, so the pool is closed after it
     pool = new_pool(2, pg_timeout=30.0, task_timeout=120.0)
     try:
-        status = pool.run(mp_tasks.as_torchrun_rank, store.port, "dcp_a2a.bench", argv)
+        status = pool.run(mp_tasks.as_torchrun_rank, store.port, "dcp_a2a.testing.bench", argv)
     finally:
         pool.close()
     assert not [p for p in pool.spawned_pids if pid_alive(p)]

@@ -13,10 +13,11 @@ import time
 
 import pytest
 
-from dcp_a2a.procpool import RankFailure, RankTimeout
-from tests.multiproc import mp_tasks
-from tests.multiproc._procs import helper_context, new_pool, pool_owner
-from tests.multiproc.mp_tasks import pid_alive
+from dcp_a2a.testing.rankpool import RankFailure, RankTimeout
+from dcp_a2a.testing import tasks as mp_tasks
+from dcp_a2a.testing.tasks import new_pool
+from tests.multiproc._procs import helper_context, pool_owner
+from dcp_a2a.testing.tasks import pid_alive
 
 pytestmark = pytest.mark.multiproc
 
@@ -26,7 +27,8 @@ PG_TIMEOUT_S = 3.0
 
 @pytest.fixture(scope="module")
 def fault_pool():
-    pool = new_pool(2, pg_timeout=PG_TIMEOUT_S, task_timeout=20.0, grace=1.0)
+    # CPU ranks on any machine: the faults need no kernel, and forked ranks restart fast
+    pool = new_pool(2, device="cpu", pg_timeout=PG_TIMEOUT_S, task_timeout=20.0, grace=1.0)
     yield pool
     pool.close()
     left = [p for p in pool.spawned_pids if pid_alive(p)]

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from reference import combine_magnitude, logsumexp_oracle, lse_weighted_combine
+from dcp_a2a.reference import combine_magnitude, logsumexp_oracle, lse_weighted_combine
 
 pytestmark = pytest.mark.unit
 

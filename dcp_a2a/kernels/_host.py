@@ -1,0 +1,34 @@
+"""Host-side helpers of the kernel launchers: integer views of the same memory, block sizes."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..wire import BITS_DTYPE
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    """The same memory as an integer tensor of the same width (strides unchanged)."""
+    return t.view(BITS_DTYPE[t.dtype])
+
+
+def as_words(t: torch.Tensor):
+    """A 16-bit tensor (last dim even, unit stride, even strides and offset) as int32 words
+    (pairs of adjacent lanes), or None when it cannot be viewed so."""
+    if t.element_size() != 2 or t.shape[-1] % 2 or (t.numel() and t.stride(-1) != 1):
+        return None
+    try:
+        return t.view(torch.int32)
+    except RuntimeError:
+        return None
+
+
+def next_pow2(n: int) -> int:
+    return 1 << max(0, math.ceil(math.log2(max(1, n))))
+
+
+def search_steps(num_seqs: int) -> int:
+    """Steps of the binary search for a row's request over ``num_seqs`` requests."""
+    return 0 if num_seqs <= 1 else math.ceil(math.log2(num_seqs))

@@ -1,0 +1,217 @@
+"""Combine kernels: merge the N received attention states of this rank's heads.
+
+``combine_packed`` reads the packed wire buffer ``recv[N, B, H/N, D+P]``; ``combine_separate``
+reads the two-collective layout (``data[N, B, H/N, D]`` + fp32 ``lse[N, B, H/N]``). Both launch
+the same kernel, which differs only in where it loads the LSE from, and its arithmetic is the
+same sequence of roundings under every launch configuration (see merge_math), so their results
+are bitwise identical. ``scale_for_reduce_scatter`` is the AG+RS path's local step: it weights
+this rank's partial by exp(s_local - g) through the same ``merge_weights``.
+
+The launchers here trust their input: :func:`dcp_a2a.unpack_combine` and
+:func:`dcp_a2a.lse_reduce` check it first.
+"""
+
+from __future__ import annotations
+
+from .. import _env  # noqa: F401  (sets TRITON_INTERPRET before the kernels are defined)
+
+import torch
+import triton
+import triton.language as tl
+
+from ._host import as_words, bits, next_pow2
+from .tuning import combine_launch, scale_launch
+from .merge_math import (
+    NO_CONTRACTION,
+    add_weighted,
+    join_pair_from_f32,
+    load_f32,
+    merge_weights,
+    rank_row,
+    split_pair_f32,
+    store_from_f32,
+    weighted_term,
+)
+
+
+@triton.jit
+def _load_lse_tile(data_bits_ptr, lse_ptr, b, h, n, m,
+                   s_dn, s_db, s_dh, s_ln, s_lb, s_lh, D,
+                   LSE_LANES: tl.constexpr):
+    """[BLOCK_N, BLOCK_H] fp32 LSEs; -inf where masked."""
+    if LSE_LANES == 0:
+        lse = tl.load(lse_ptr + n[:, None] * s_ln + b * s_lb + h[None, :] * s_lh,
+                      mask=m, other=float("-inf"))
+    else:
+        lane = data_bits_ptr + n[:, None] * s_dn + b * s_db + h[None, :] * s_dh + D
+        if LSE_LANES == 1:
+            lse_bits = tl.load(lane, mask=m, other=0)
+        else:
+            lo = tl.load(lane, mask=m, other=0).to(tl.int32) & 0xFFFF
+            hi = tl.load(lane + 1, mask=m, other=0).to(tl.int32)
+            lse_bits = (hi << 16) | lo
+        lse = tl.where(m, lse_bits.to(tl.float32, bitcast=True), float("-inf"))
+    return lse
+
+
+@triton.jit
+def _load_lanes(data_ptr, data_bits_ptr, offs, mask, IS_BF16: tl.constexpr,
+                PAIRS: tl.constexpr, STREAM: tl.constexpr):
+    """One rank's [BLOCK_H, BLOCK_D] tile of output lanes as fp32: (lo, hi) where a PAIRS word
+    holds two 16-bit values, else (value, unused)."""
+    if PAIRS:
+        if STREAM:
+            w = tl.load(data_bits_ptr + offs, mask=mask, other=0, eviction_policy="evict_first")
+        else:
+            w = tl.load(data_bits_ptr + offs, mask=mask, other=0)
+        lo, hi = split_pair_f32(w, IS_BF16)
+    else:
+        lo = load_f32(data_ptr, data_bits_ptr, offs, mask, IS_BF16)
+        hi = lo
+    return lo, hi
+
+
+@triton.jit
+def _combine_kernel(
+    data_ptr, data_bits_ptr, lse_ptr, out_ptr, out_bits_ptr, lse_out_ptr,
+    B, HPR, D,
+    s_dn, s_db, s_dh, s_dd, s_ln, s_lb, s_lh,
+    N: tl.constexpr, LSE_LANES: tl.constexpr, BASE_E: tl.constexpr,
+    RETURN_LSE: tl.constexpr, IS_BF16: tl.constexpr, PAIRS: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, STREAM: tl.constexpr,
+):
+    """out[b, h, :] = sum_r scale_r * data[r, b, h, :] for one token row and BLOCK_H heads.
+
+    PAIRS: the data (and output) pointers are 32-bit words holding two 16-bit values, D and
+    the strides count words, and a packed LSE is the word at index D (LSE_LANES == 1)."""
+    b = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1).to(tl.int64) * BLOCK_H + tl.arange(0, BLOCK_H)
+    n = tl.arange(0, BLOCK_N)
+    h_ok = h < HPR
+    m = (n < N)[:, None] & h_ok[None, :]
+    lse = _load_lse_tile(data_bits_ptr, lse_ptr, b, h, n, m,
+                         s_dn, s_db, s_dh, s_ln, s_lb, s_lh, D, LSE_LANES)
+    scale, g = merge_weights(lse, n, BASE_E, BLOCK_N)
+
+    # The rank loop is unrolled (N is a constexpr: one compile per group size) so the N loads
+    # of a tile can all be in flight, and it adds the ranks in the order 0..N-1 that
+    # merge_weights uses. (One [BLOCK_N, BLOCK_H, BLOCK_D] tile was tried: slower at every
+    # shape; docs/perf.md.)
+    out_row = (b * HPR + h) * D
+    for d0 in range(0, D, BLOCK_D):
+        d = d0 + tl.arange(0, BLOCK_D)
+        md = h_ok[:, None] & (d < D)[None, :]
+        acc = tl.zeros((BLOCK_H, BLOCK_D), dtype=tl.float32)
+        acc_hi = tl.zeros((BLOCK_H, BLOCK_D), dtype=tl.float32)  # PAIRS only
+        for r in tl.static_range(N):
+            sc = rank_row(scale, n, r)[:, None]
+            offs = r * s_dn + b * s_db + h[:, None] * s_dh + d[None, :] * s_dd
+            lo, hi = _load_lanes(data_ptr, data_bits_ptr, offs, md, IS_BF16, PAIRS, STREAM)
+            acc = add_weighted(acc, sc, lo)
+            if PAIRS:
+                acc_hi = add_weighted(acc_hi, sc, hi)
+        offs_out = out_row[:, None] + d[None, :]
+        if PAIRS:
+            tl.store(out_bits_ptr + offs_out, join_pair_from_f32(acc, acc_hi, IS_BF16), mask=md)
+        else:
+            store_from_f32(out_ptr, out_bits_ptr, offs_out, acc, md, IS_BF16)
+    if RETURN_LSE:
+        tl.store(lse_out_ptr + b * HPR + h, g, mask=h_ok)
+
+
+@triton.jit
+def _scale_kernel(
+    out_ptr, out_bits_ptr, lse_all_ptr, dst_ptr, dst_bits_ptr, lse_out_ptr,
+    N, B, H, HPR, D, rank,
+    s_ob, s_oh, s_od,
+    BASE_E: tl.constexpr, RETURN_LSE: tl.constexpr, IS_BF16: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    """AG+RS local step: dst[h // HPR, b, h % HPR, :] = exp(s_rank - g) * out[b, h, :]."""
+    b = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1).to(tl.int64) * BLOCK_H + tl.arange(0, BLOCK_H)
+    n = tl.arange(0, BLOCK_N)
+    h_ok = h < H
+    m = (n < N)[:, None] & h_ok[None, :]
+    lse = tl.load(lse_all_ptr + (n[:, None] * B + b) * H + h[None, :], mask=m,
+                  other=float("-inf"))
+    scale, g = merge_weights(lse, n, BASE_E, BLOCK_N)
+    sc = rank_row(scale, n, rank)[:, None]
+    dst_row = ((h // HPR) * B + b) * HPR + h % HPR
+    for d0 in range(0, D, BLOCK_D):
+        d = d0 + tl.arange(0, BLOCK_D)
+        md = h_ok[:, None] & (d < D)[None, :]
+        x = load_f32(out_ptr, out_bits_ptr, b * s_ob + h[:, None] * s_oh + d[None, :] * s_od,
+                     md, IS_BF16)
+        y = weighted_term(sc, x)
+        store_from_f32(dst_ptr, dst_bits_ptr, dst_row[:, None] * D + d[None, :], y, md, IS_BF16)
+    if RETURN_LSE:
+        mine = h_ok & (h // HPR == rank)
+        tl.store(lse_out_ptr + b * HPR + h % HPR, g, mask=mine)
+
+
+def _combine(data, data_bits, lse, N, B, hpr, D, lse_lanes, return_lse, is_lse_base_on_e):
+    """``data_bits`` is the integer view of the buffer holding ``data`` (the whole wire row when
+    the LSE is packed: ``lse_lanes`` = P); ``lse`` the separate fp32 LSE (``lse_lanes`` = 0)."""
+    out = torch.empty((B, hpr, D), dtype=data.dtype, device=data.device)
+    lse_out = torch.empty((B, hpr), dtype=torch.float32, device=data.device)
+    if B == 0 or hpr == 0:
+        return (out, lse_out) if return_lse else out
+    words = as_words(data_bits) if D % 2 == 0 else None
+    if words is not None:  # two 16-bit lanes per 32-bit access; the LSE is one word
+        src, src_bits, out_bits, lanes = words, words, out.view(torch.int32), D // 2
+        lse_lanes = min(lse_lanes, 1)
+    else:
+        src, src_bits, out_bits, lanes = data, data_bits, bits(out), D
+    cfg = combine_launch(N, B, hpr, lanes)
+    lse_strides = lse.stride() if lse is not None else (0, 0, 0)
+    _combine_kernel[(B, triton.cdiv(hpr, cfg.block_h))](
+        src, src_bits, lse if lse is not None else lse_out, out, out_bits, lse_out,
+        B, hpr, lanes,
+        src.stride(0), src.stride(1), src.stride(2), src.stride(3), *lse_strides,
+        N=N, LSE_LANES=lse_lanes, BASE_E=is_lse_base_on_e, RETURN_LSE=return_lse,
+        IS_BF16=data.dtype == torch.bfloat16, PAIRS=words is not None,
+        BLOCK_N=next_pow2(N), BLOCK_H=cfg.block_h, BLOCK_D=cfg.block_d, STREAM=cfg.stream,
+        num_warps=cfg.num_warps, **NO_CONTRACTION,
+    )
+    return (out, lse_out) if return_lse else out
+
+
+def combine_packed(recv, head_dim, return_lse, is_lse_base_on_e):
+    """Merge the wire buffer ``recv[N, B, H/N, D+P]`` into ``out[B, H/N, D]`` in recv's dtype
+    (and the float32 merged ``lse[B, H/N]`` with ``return_lse``)."""
+    N, B, hpr, _ = recv.shape
+    p = recv.shape[-1] - head_dim
+    return _combine(recv[..., :head_dim], bits(recv), None, N, B, hpr, head_dim, p,
+                    return_lse, is_lse_base_on_e)
+
+
+def combine_separate(data, lse, return_lse, is_lse_base_on_e):
+    """Merge ``data[N, B, H/N, D]`` with fp32 ``lse[N, B, H/N]`` (two-collective layout):
+    the same kernel and arithmetic as :func:`combine_packed`; only the LSE's location differs."""
+    N, B, hpr, D = data.shape
+    return _combine(data, bits(data), lse, N, B, hpr, D, 0, return_lse, is_lse_base_on_e)
+
+
+def scale_for_reduce_scatter(out, lse_all, rank, return_lse, is_lse_base_on_e, dst):
+    """AG+RS local step. ``out[B, H, D]``, ``lse_all[N, B, H]`` fp32 (already masked).
+
+    Writes ``dst[N, B, H/N, D]`` in out's dtype (slice r goes to rank r, summed there) and
+    returns this rank's merged LSE ``[B, H/N]`` fp32.
+    """
+    N, B, H = lse_all.shape
+    D = out.shape[2]
+    hpr = H // N
+    lse_out = torch.empty((B, hpr), dtype=torch.float32, device=out.device)
+    if B == 0 or H == 0:
+        return lse_out
+    cfg = scale_launch(N, B, H, D)
+    _scale_kernel[(B, triton.cdiv(H, cfg.block_h))](
+        out, bits(out), lse_all.contiguous(), dst, bits(dst), lse_out,
+        N, B, H, hpr, D, rank,
+        out.stride(0), out.stride(1), out.stride(2),
+        BASE_E=is_lse_base_on_e, RETURN_LSE=return_lse, IS_BF16=out.dtype == torch.bfloat16,
+        BLOCK_N=next_pow2(N), BLOCK_H=cfg.block_h, BLOCK_D=cfg.block_d,
+        num_warps=cfg.num_warps, **NO_CONTRACTION,
+    )
+    return lse_out

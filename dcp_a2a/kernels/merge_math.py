@@ -1,0 +1,161 @@
+"""Device-side math shared by every kernel: the row mask and the LSE merge.
+
+The merge of N attention states (o_n, s_n) is the LSE-weighted average
+
+    g   = log  sum_n exp(s_n)              (log2 / exp2 when the LSE is base 2)
+    o   = sum_n exp(s_n - g) * o_n
+
+with the identity element s = -inf (weight 0). NaN and +inf LSEs are treated as -inf, and a
+rank whose weight is 0 contributes exactly nothing, even when its o_n is NaN or inf. A row where
+every rank is -inf merges to o = 0, g = -inf.
+
+Every backend (packed, two_collective, ag_rs) computes its weights through ``merge_weights``;
+that single routine is why packed and two_collective agree bit for bit.
+"""
+
+from __future__ import annotations
+
+from .. import _env  # noqa: F401  (sets TRITON_INTERPRET before the kernels are defined)
+
+import triton
+import triton.language as tl
+
+# Launch option for every kernel that does floating-point arithmetic: no multiply-add
+# contraction. With contraction on, whether ``acc + w * x`` becomes one FMA is the compiler's
+# choice per specialisation (it fused it where the loads were vectorised and not where they were
+# not), so packed and two_collective -- same source, different strides -- differed in the last
+# bit of float32 outputs on an H200. Without it every launch configuration computes exactly the
+# operations written here, in the order written.
+NO_CONTRACTION = {"enable_fp_fusion": False}
+
+
+@triton.jit
+def row_is_empty(b, seq_lens_ptr, qsl_ptr, num_seqs, search_steps):
+    """True when token row ``b`` has no local KV: its request's seq_len is 0, or the row is
+    padding (at or beyond query_start_loc[-1], or before query_start_loc[0]).
+
+    The request of row b is the last s with query_start_loc[s] <= b, found by a binary search of
+    ``search_steps = ceil(log2(num_seqs))`` steps (requests with no query rows are skipped by it).
+    """
+    first = tl.load(qsl_ptr)
+    total = tl.load(qsl_ptr + num_seqs)
+    lo = b * 0
+    hi = lo + num_seqs - 1
+    for _ in range(search_steps):
+        mid = (lo + hi + 1) // 2
+        go = tl.load(qsl_ptr + mid) <= b
+        lo = tl.where(go, mid, lo)
+        hi = tl.where(go, hi, mid - 1)
+    seq_len = tl.load(seq_lens_ptr + lo, mask=num_seqs > 0, other=0)
+    return (b >= total) | (b < first) | (seq_len <= 0)
+
+
+@triton.jit
+def rank_row(tile, n, r):
+    """Row ``r`` of a [BLOCK_N, BLOCK_H] tile as a [BLOCK_H] vector: a sum of that row and zeros,
+    so exact whatever order the reduction takes."""
+    return tl.sum(tl.where((n == r)[:, None], tile, 0.0), axis=0)
+
+
+@triton.jit
+def merge_weights(lse, n, BASE_E: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Normalised merge weights and merged LSE for a [BLOCK_N, BLOCK_H] fp32 tile of LSEs
+    (``n = tl.arange(0, BLOCK_N)``; masked-out rows must be loaded as -inf).
+
+    Returns (scale[BLOCK_N, BLOCK_H], g[BLOCK_H]): scale_n = exp(s_n - m) / sum_k exp(s_k - m)
+    with m the row max (the global-max formulation), exactly 0 where the weight underflows or
+    s_n is -inf/NaN/+inf. Every rounding happens in a fixed order: the max is exact in any
+    order, and the sum runs over ranks 0, 1, ..., N-1 one addition at a time, so the result
+    does not depend on how a launch configuration lays the tile out over threads.
+    """
+    lse = tl.where((lse != lse) | (lse == float("inf")), float("-inf"), lse)
+    m = tl.max(lse, axis=0)
+    # Shift by the row max so the largest weight is exactly 1 and nothing overflows; an
+    # all -inf row shifts by 0 so that exp gives 0 rather than exp(-inf - -inf) = NaN.
+    m_safe = tl.where(m == float("-inf"), 0.0, m)
+    if BASE_E:
+        w = tl.exp(lse - m_safe[None, :])
+    else:
+        w = tl.exp2(lse - m_safe[None, :])
+    s = tl.zeros_like(m_safe)
+    for r in tl.static_range(BLOCK_N):  # rows past N hold 0: adding them is exact
+        s = s + rank_row(w, n, r)
+    s_safe = tl.where(s > 0, s, 1.0)
+    scale = tl.where(w > 0, w / s_safe[None, :], 0.0)
+    if BASE_E:
+        g = m + tl.log(s_safe)
+    else:
+        g = m + tl.log2(s_safe)
+    return scale, g
+
+
+@triton.jit
+def weighted_term(scale_n, x):
+    """scale_n * x with the identity guaranteed: a zero weight never lets a NaN/inf x in."""
+    return tl.where(scale_n > 0, scale_n * x, 0.0)
+
+
+@triton.jit
+def add_weighted(acc, scale_n, x):
+    """acc + scale_n * x in two roundings, a multiply and then an add (the kernels are compiled
+    without FMA contraction, see ``NO_CONTRACTION``); a zero weight adds exactly nothing."""
+    return acc + weighted_term(scale_n, x)
+
+
+# bfloat16 conversions through integer bits. The compiled path would round correctly with a
+# plain ``.to(tl.bfloat16)``, but Triton's CPU interpreter truncates fp32 -> bf16; doing the
+# round-to-nearest-even by hand gives the same bits in both, which is what the CPU tier tests.
+@triton.jit
+def bf16_bits_to_f32(h):
+    return (h.to(tl.int32) << 16).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def f32_to_bf16_bits(x):
+    b = x.to(tl.int32, bitcast=True)
+    r = (b + 0x7FFF + ((b >> 16) & 1)) >> 16  # round to nearest, ties to even (carry ok)
+    r = tl.where(x != x, 0x7FC0, r)  # any NaN -> the quiet NaN
+    return (r & 0xFFFF).to(tl.int16)
+
+
+@triton.jit
+def load_f32(ptr, bits_ptr, offs, mask, IS_BF16: tl.constexpr):
+    """Load float16/bfloat16/float32 values as fp32 (bf16 through its bits)."""
+    if IS_BF16:
+        return bf16_bits_to_f32(tl.load(bits_ptr + offs, mask=mask, other=0))
+    else:
+        return tl.load(ptr + offs, mask=mask, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def store_from_f32(ptr, bits_ptr, offs, y, mask, IS_BF16: tl.constexpr):
+    """Round fp32 ``y`` to the element type of ``ptr`` (nearest-even) and store it."""
+    if IS_BF16:
+        tl.store(bits_ptr + offs, f32_to_bf16_bits(y), mask=mask)
+    else:
+        tl.store(ptr + offs, y.to(ptr.dtype.element_ty), mask=mask)
+
+
+# Two 16-bit values in one 32-bit word (the element at the lower address in the low half).
+# Reading the wire as words halves the number of memory instructions: its rows (D+2 lanes) are
+# 4-byte but never 16-byte aligned, so 4 bytes is the widest access it allows.
+@triton.jit
+def split_pair_f32(w, IS_BF16: tl.constexpr):
+    if IS_BF16:
+        lo = (w << 16).to(tl.float32, bitcast=True)
+        hi = (w & -65536).to(tl.float32, bitcast=True)
+    else:
+        lo = w.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+        hi = (w >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    return lo, hi
+
+
+@triton.jit
+def join_pair_from_f32(lo, hi, IS_BF16: tl.constexpr):
+    if IS_BF16:
+        lo_bits = f32_to_bf16_bits(lo)
+        hi_bits = f32_to_bf16_bits(hi)
+    else:
+        lo_bits = lo.to(tl.float16).to(tl.int16, bitcast=True)
+        hi_bits = hi.to(tl.float16).to(tl.int16, bitcast=True)
+    return (hi_bits.to(tl.int32) << 16) | (lo_bits.to(tl.int32) & 0xFFFF)

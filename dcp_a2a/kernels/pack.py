@@ -1,0 +1,131 @@
+"""Pack kernel: attention partial + LSE -> the wire buffer ``send[N, B, H/N, D+P]``.
+
+One program per (token row b, block of BLOCK_H heads). The output lanes are moved as raw bits
+(an int16/int32 view), so the copy is exact for every value, NaN payloads included; the LSE is
+converted to float32 and its bits written into the P trailing lanes. Empty-shard masking (rows of
+requests with no local KV, and padding rows) is fused here: their LSE goes out as -inf.
+
+The launchers here trust their input: :func:`dcp_a2a.pack_send` and :func:`dcp_a2a.lse_reduce`
+check it first.
+"""
+
+from __future__ import annotations
+
+from .. import _env  # noqa: F401  (sets TRITON_INTERPRET before the kernels are defined)
+
+import torch
+import triton
+import triton.language as tl
+
+from ._host import as_words, bits, next_pow2, search_steps
+from .merge_math import row_is_empty
+from .tuning import pack_launch
+
+
+@triton.jit
+def _pack_kernel(
+    out_bits_ptr, lse_ptr, send_bits_ptr, seq_lens_ptr, qsl_ptr,
+    B, H, HPR, D, num_seqs, steps,
+    s_ob, s_oh, s_od, s_lb, s_lh,
+    P: tl.constexpr, HAS_MASK: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, STREAM: tl.constexpr,
+):
+    b = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1).to(tl.int64) * BLOCK_H + tl.arange(0, BLOCK_H)
+    h_ok = h < H
+    peer = h // HPR
+    row = ((peer * B + b) * HPR + h % HPR) * (D + P)  # int64: the buffer may pass 2^31 elements
+
+    src_row = b * s_ob + h * s_oh
+    for d0 in range(0, D, BLOCK_D):
+        d = d0 + tl.arange(0, BLOCK_D)
+        m = h_ok[:, None] & (d < D)[None, :]
+        if STREAM:
+            x = tl.load(out_bits_ptr + src_row[:, None] + d[None, :] * s_od, mask=m,
+                        eviction_policy="evict_first")
+            tl.store(send_bits_ptr + row[:, None] + d[None, :], x, mask=m, cache_modifier=".cs")
+        else:
+            x = tl.load(out_bits_ptr + src_row[:, None] + d[None, :] * s_od, mask=m)
+            tl.store(send_bits_ptr + row[:, None] + d[None, :], x, mask=m)
+
+    lse = tl.load(lse_ptr + b * s_lb + h * s_lh, mask=h_ok).to(tl.float32)
+    if HAS_MASK:
+        empty = row_is_empty(b, seq_lens_ptr, qsl_ptr, num_seqs, steps)
+        lse = tl.where(empty, float("-inf"), lse)
+    lse_bits = lse.to(tl.int32, bitcast=True)
+    if P == 1:
+        tl.store(send_bits_ptr + row + D, lse_bits, mask=h_ok)
+    else:
+        # little-endian halves: the 4 bytes of the float32 in memory order
+        tl.store(send_bits_ptr + row + D, (lse_bits & 0xFFFF).to(tl.int16), mask=h_ok)
+        tl.store(send_bits_ptr + row + D + 1, (lse_bits >> 16).to(tl.int16), mask=h_ok)
+
+
+@triton.jit
+def _lse_to_wire_kernel(
+    lse_ptr, dst_ptr, seq_lens_ptr, qsl_ptr,
+    H, HPR, num_seqs, steps,
+    s_lb, s_lh, s_dr, s_db, s_dj,
+    HAS_MASK: tl.constexpr, BLOCK_H: tl.constexpr,
+):
+    """fp32 masked LSE into dst[r, b, j] (any strides): the LSE half of the two-collective and
+    AG+RS paths, with the same masking as the pack kernel."""
+    b = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1).to(tl.int64) * BLOCK_H + tl.arange(0, BLOCK_H)
+    h_ok = h < H
+    lse = tl.load(lse_ptr + b * s_lb + h * s_lh, mask=h_ok).to(tl.float32)
+    if HAS_MASK:
+        empty = row_is_empty(b, seq_lens_ptr, qsl_ptr, num_seqs, steps)
+        lse = tl.where(empty, float("-inf"), lse)
+    tl.store(dst_ptr + (h // HPR) * s_dr + b * s_db + (h % HPR) * s_dj, lse, mask=h_ok)
+
+
+def _mask_args(seq_lens, query_start_loc, like: torch.Tensor):
+    if seq_lens is None:
+        dummy = like.new_zeros(1, dtype=torch.int32)
+        return dummy, dummy, 0, 0, False
+    n = seq_lens.numel()
+    return seq_lens, query_start_loc, n, search_steps(n), True
+
+
+def pack(out, lse, send, h_per_rank, seq_lens=None, query_start_loc=None) -> None:
+    """Write ``send[N, B, H/N, D+P]`` (contiguous, out's dtype) from ``out[B, H, D]`` and
+    ``lse[B, H]``; rows that ``seq_lens``/``query_start_loc`` mark empty go out with LSE -inf."""
+    B, H, D = out.shape
+    if B == 0 or H == 0:
+        return
+    sl, qsl, num_seqs, steps, has_mask = _mask_args(seq_lens, query_start_loc, out)
+    src, dst, lanes, lanes_p = bits(out), bits(send), D, send.shape[-1] - D
+    if lanes_p == 2 and D % 2 == 0:
+        words = as_words(out)
+        if words is not None:
+            # two 16-bit lanes per 32-bit access; the fp32 LSE is then exactly one word
+            src, dst, lanes, lanes_p = words, send.view(torch.int32), D // 2, 1
+    cfg = pack_launch(B, H, lanes)
+    _pack_kernel[(B, triton.cdiv(H, cfg.block_h))](
+        src, lse, dst, sl, qsl,
+        B, H, h_per_rank, lanes, num_seqs, steps,
+        src.stride(0), src.stride(1), src.stride(2), lse.stride(0), lse.stride(1),
+        P=lanes_p, HAS_MASK=has_mask, BLOCK_H=cfg.block_h, BLOCK_D=cfg.block_d,
+        STREAM=cfg.stream, num_warps=cfg.num_warps,
+    )
+
+
+def lse_to_wire(lse, dst, world_size, seq_lens=None, query_start_loc=None) -> None:
+    """Masked fp32 LSE ``lse[B, H]`` -> ``dst`` viewed as [N, B, H/N] through its strides
+    (``dst`` is either [N, B, H/N] or [B, H])."""
+    B, H = lse.shape
+    if B == 0 or H == 0:
+        return
+    hpr = H // world_size
+    if dst.dim() == 2:  # [B, H] == [B, N, H/N]
+        s_dr, s_db, s_dj = hpr * dst.stride(1), dst.stride(0), dst.stride(1)
+    else:
+        s_dr, s_db, s_dj = dst.stride(0), dst.stride(1), dst.stride(2)
+    sl, qsl, num_seqs, steps, has_mask = _mask_args(seq_lens, query_start_loc, lse)
+    block_h = min(next_pow2(H), 1024)
+    _lse_to_wire_kernel[(B, triton.cdiv(H, block_h))](
+        lse, dst, sl, qsl, H, hpr, num_seqs, steps,
+        lse.stride(0), lse.stride(1), s_dr, s_db, s_dj,
+        HAS_MASK=has_mask, BLOCK_H=block_h,
+    )

@@ -1,0 +1,99 @@
+"""Launch configurations of the kernels (block sizes, warps): a table, chosen per problem shape.
+
+The table is fixed data, so a CUDA graph captured at one batch size replays the launch it
+captured, and the tests can run every configuration the table can pick
+(``every_launch``): the kernels' results are bitwise the same under each of them (no FMA
+contraction, fixed summation order; see :mod:`dcp_a2a.merge_math`). The benchmark
+(``python -m dcp_a2a.testing.bench --sweep``) overrides the table through ``OVERRIDES`` to time variants
+in one run; docs/perf.md records what was tried and why these rows won.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .. import _env
+from ._host import next_pow2
+
+
+@dataclass(frozen=True)
+class Launch:
+    block_h: int
+    block_d: int
+    num_warps: int
+    stream: bool = False  # streaming cache hints: evict-first loads, .cs stores
+
+
+@dataclass(frozen=True)
+class Rule:
+    """For problems of at most ``max_rows`` (token rows x heads the kernel walks): BLOCK_D is
+    the head dim's power of two capped at ``block_d_cap`` lanes, BLOCK_H fills ``lanes`` lanes
+    per program (at least one head, at most the heads there are)."""
+
+    max_rows: float
+    block_d_cap: int
+    lanes: int
+    num_warps: int
+    stream: bool = False
+
+    def launch(self, heads: int, head_lanes: int) -> Launch:
+        block_d = min(next_pow2(head_lanes), self.block_d_cap)
+        return Launch(_fit(max(1, self.lanes // block_d), heads), block_d, self.num_warps,
+                      self.stream)
+
+
+_ANY = float("inf")
+# Lanes count 32-bit words on the paired path (16-bit dtypes, even D): D=512 bf16 is 256 lanes.
+TABLE: dict[str, tuple[Rule, ...]] = {
+    # decode: many small programs for latency; large batches: a whole (peer, token) slab per
+    # program (16 heads x 256 words at D=512 bf16)
+    "pack": (Rule(1024, 1024, 512, 2), Rule(_ANY, 1024, 4096, 8)),
+    # decode: one head per program for latency; large batches: 8 heads x 128 lanes
+    "combine": (Rule(256, 512, 1, 8), Rule(_ANY, 128, 1024, 8)),
+    # the AG+RS weighting kernel (a read and a write of the local output)
+    "scale": (Rule(_ANY, 512, 4096, 4),),
+}
+# Triton's CPU interpreter runs a program at a time through numpy: big tiles, few programs.
+INTERPRETER = {"pack": Rule(_ANY, 1024, 4096, 4), "combine": Rule(_ANY, 512, 4096, 4),
+               "scale": Rule(_ANY, 512, 4096, 4)}
+
+OVERRIDES: dict[str, Launch] = {}
+
+
+def _fit(block_h: int, heads: int) -> int:
+    return max(1, min(block_h, next_pow2(heads)))
+
+
+def launch(kind: str, rows: int, heads: int, head_lanes: int) -> Launch:
+    """The launch for kernel ``kind`` over ``rows`` (token rows x heads) with ``heads`` heads per
+    token row and ``head_lanes`` lanes per head."""
+    if kind in OVERRIDES:
+        o = OVERRIDES[kind]
+        return Launch(_fit(o.block_h, heads), min(o.block_d, next_pow2(head_lanes)),
+                      o.num_warps, o.stream)
+    if _env.INTERPRET:
+        return INTERPRETER[kind].launch(heads, head_lanes)
+    rule = next(r for r in TABLE[kind] if rows <= r.max_rows)
+    return rule.launch(heads, head_lanes)
+
+
+def every_launch(kind: str, heads: int, head_lanes: int) -> list[Launch]:
+    """Every launch the table can pick for this head count and head size, whatever the rows."""
+    seen = []
+    for rule in TABLE[kind] + (INTERPRETER[kind],):
+        cfg = rule.launch(heads, head_lanes)
+        if cfg not in seen:
+            seen.append(cfg)
+    return seen
+
+
+def pack_launch(batch: int, heads: int, head_lanes: int) -> Launch:
+    return launch("pack", batch * heads, heads, head_lanes)
+
+
+def combine_launch(ranks: int, batch: int, heads: int, head_lanes: int) -> Launch:
+    return launch("combine", batch * heads, heads, head_lanes)
+
+
+def scale_launch(ranks: int, batch: int, heads: int, head_lanes: int) -> Launch:
+    return launch("scale", batch * heads, heads, head_lanes)

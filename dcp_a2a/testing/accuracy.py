@@ -1,0 +1,441 @@
+"""Accuracy job: every backend of ``lse_reduce`` on a real process group against the float64
+oracle, one row per (backend, dtype, shape, LSE base).
+
+    torchrun --nproc-per-node N -m dcp_a2a.testing.accuracy [--backend packed|two_collective|ag_rs|all]
+        [--dtype float16,bfloat16,float32] [--shapes BxHxD[:dtype],...] [--base e|2|both]
+        [--out report.json] [--dist-backend auto|gloo|nccl]
+
+gloo on CPU, NCCL on GPUs (rank r on cuda:LOCAL_RANK); multi-node works the usual torchrun way.
+Every rank regenerates every rank's partial from the seed (rank n's partial comes from the
+generator seeded (seed, case, n)), keeps its own as its input and all ranks' slices of its heads
+[r*H/N, (r+1)*H/N) for the oracle, so no input travels through the collectives under test.
+Each rank compares its merged slice with ``dcp_a2a.testing.compare.check_merge`` (bounds from
+tolerances.yaml); rank 0 gathers the per-rank reports, prints a table and writes JSON.
+
+Per row: max |err| and max error in ulps of the output dtype, worst error / tolerance, the
+returned LSE's max |err| and error / tolerance, whether packed and two_collective produced
+bitwise identical outputs and LSEs, and the wall time of one ``lse_reduce`` call (median over
+``--iters`` after ``--warmup``, slowest rank). ag_rs is judged against its own bound (its
+reduce-scatter sums in the output dtype) and also reported against the A2A bound.
+Exit status 1 when any row exceeds its tolerance or packed and two_collective differ.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+
+import torch
+from tqdm import tqdm
+
+from .. import _env  # noqa: F401  (TRITON_INTERPRET before any kernel is defined)
+from . import tolerances as tol
+from .data import heads_of
+
+BACKENDS = ("packed", "two_collective", "ag_rs")
+DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+# Decode shapes of the upstream change (B in {1, 16, 128}, H = 128, D = 512) and its
+# microbenchmark shape (B = 8192, H = 64, D = 512, bfloat16).
+GPU_SHAPES = "1x128x512,16x128x512,128x128x512,8192x64x512:bfloat16"
+# Triton runs interpreted on CPU (~0.1-1 s per call and rank): the B = 1 decode shape plus
+# small ones, including a head dim that is not a power of two.
+CPU_SHAPES = "1x128x512,4x24x40,16x24x64"
+CHECK_CHUNK_ELEMENTS = 1 << 24   # oracle work per chunk of rows (float64 temporaries)
+
+
+@dataclass(frozen=True)
+class Shape:
+    b: int
+    h: int
+    d: int
+    dtype: str | None = None   # only run for this dtype
+
+    def __str__(self):
+        return f"{self.b}x{self.h}x{self.d}"
+
+
+def parse_shapes(spec: str) -> list[Shape]:
+    shapes = []
+    for item in filter(None, (s.strip() for s in spec.split(","))):
+        dims, _, dt = item.partition(":")
+        parts = dims.lower().split("x")
+        try:
+            b, h, d = (int(p) for p in parts)
+        except ValueError:
+            raise ValueError(f"bad shape {item!r}: expected BxHxD[:dtype], e.g. 16x128x512") \
+                from None
+        if b < 0 or h < 1 or d < 1:
+            raise ValueError(f"bad shape {item!r}: need B >= 0, H >= 1, D >= 1")
+        if dt and dt not in DTYPES:
+            raise ValueError(f"bad shape {item!r}: unknown dtype {dt!r} "
+                             f"(one of {', '.join(DTYPES)})")
+        shapes.append(Shape(b, h, d, dt or None))
+    if not shapes:
+        raise ValueError("no shapes given")
+    return shapes
+
+
+def resolve_shapes(spec: str | None, world_size: int, gpu: bool):
+    """(shapes to run, default shapes skipped because H % world_size != 0). An explicit
+    ``spec`` with such a shape is an error; the default sweep just leaves it out."""
+    shapes = parse_shapes(spec or (GPU_SHAPES if gpu else CPU_SHAPES))
+    bad = [str(s) for s in shapes if s.h % world_size]
+    if bad and spec:
+        raise ValueError(f"shapes {', '.join(bad)}: H is not divisible by the world size "
+                         f"{world_size}")
+    return [s for s in shapes if s.h % world_size == 0], bad
+
+
+def _csv_choice(value: str, choices, all_value="all") -> list[str]:
+    items = [v.strip() for v in value.split(",") if v.strip()]
+    if items == [all_value]:
+        return list(choices)
+    bad = [v for v in items if v not in choices]
+    if bad or not items:
+        raise argparse.ArgumentTypeError(
+            f"{value!r}: expected {all_value} or a comma list of {', '.join(choices)}")
+    return items
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m dcp_a2a.testing.accuracy",
+        description="Accuracy of lse_reduce on a real process group against the float64 "
+                    "oracle (run under torchrun; a plain run is a group of one).",
+        epilog=f"Default shapes: on GPUs {GPU_SHAPES}; on CPU, where Triton runs through its "
+               f"much slower interpreter, a smaller sweep {CPU_SHAPES}. Shapes whose H is not "
+               "divisible by the world size are skipped from the default sweep (an explicit one "
+               "is an error). Exit status 1 when any case exceeds its tolerance or packed and "
+               "two_collective differ bitwise.",
+    )
+    p.add_argument("--backend", default="all",
+                   type=lambda v: _csv_choice(v, BACKENDS),
+                   help="packed, two_collective, ag_rs, a comma list, or all (default)")
+    p.add_argument("--dtype", default="all", type=lambda v: _csv_choice(v, tuple(DTYPES)),
+                   help="float16, bfloat16, float32, a comma list, or all (default)")
+    p.add_argument("--shapes", default=None,
+                   help="comma list of BxHxD[:dtype] (dtype restricts that shape to one dtype)")
+    p.add_argument("--base", default="both", choices=("e", "2", "both"),
+                   help="LSE base: natural (e), base 2 (FlashInfer MLA), or both (default)")
+    p.add_argument("--out", default=None, help="write the JSON report here (rank 0)")
+    p.add_argument("--dist-backend", default="auto", choices=("auto", "gloo", "nccl"),
+                   help="auto: nccl when CUDA is available, else gloo")
+    p.add_argument("--impl", default=None,
+                   help="implementation under test (package.module[:attr]; default "
+                        "$DCP_A2A_IMPL or dcp_a2a). Backends and the bitwise check need the "
+                        "project's own implementation; a foreign one runs its default path.")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--spread", type=float, default=4.0,
+                   help="std of the LSE differences between ranks (nats or bits)")
+    p.add_argument("--warmup", type=int, default=None, help="untimed calls (GPU 3, CPU 0)")
+    p.add_argument("--iters", type=int, default=None, help="timed calls (GPU 20, CPU 1)")
+    p.add_argument("--quiet", action="store_true", help="no table on stdout")
+    return p
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    return build_parser().parse_args(argv)
+
+
+# --------------------------------------------------------------------------- data
+def _generator(device, *seed_parts) -> torch.Generator:
+    g = torch.Generator(device=device)
+    s = 0
+    for part in seed_parts:
+        s = (s * 1_000_003 + int(part)) % (1 << 62)
+    g.manual_seed(s)
+    return g
+
+
+def rank_partial(seed, case, n, shape: Shape, dtype, spread, device):
+    """Rank ``n``'s partial (out[B, H, D] in ``dtype``, lse[B, H] float32) of a case: the
+    same on every rank that generates it. The per-row LSE level is common to all ranks."""
+    g = _generator(device, seed, case, 1 << 20)
+    level = torch.randn(shape.b, shape.h, generator=g, device=device) * 8.0 + 5.0
+    g = _generator(device, seed, case, n)
+    out = torch.randn(shape.b, shape.h, shape.d, generator=g, device=device).to(dtype)
+    lse = level + torch.randn(shape.b, shape.h, generator=g, device=device) * spread
+    return out, lse
+
+
+# --------------------------------------------------------------------------- checking
+def _nanmax(a: float, b: float) -> float:
+    """max that ignores NaN (the LSE has no ulp error) but keeps +inf (a NaN result)."""
+    if math.isnan(a):
+        return b
+    return a if math.isnan(b) else max(a, b)
+
+
+def _merge_quantity(acc, q):
+    if q is None:
+        return acc
+    d = {"elements": q.elements, "max_abs_err": q.max_abs_err,
+         "max_ulp_err": q.max_ulp_err, "worst_ratio": q.worst_ratio, "failures": q.failures,
+         "upstream_ok": q.upstream_ok}
+    if acc is None:
+        return d
+    for k in ("max_abs_err", "max_ulp_err", "worst_ratio"):
+        acc[k] = _nanmax(acc[k], d[k])
+    acc["elements"] += d["elements"]
+    acc["failures"] += d["failures"]
+    acc["upstream_ok"] = acc["upstream_ok"] and d["upstream_ok"]
+    return acc
+
+
+def check_slice(out, lse, outs, lses, base_e, kind) -> dict:
+    """``check_merge`` over row chunks (bounded float64 memory); merged per-quantity stats."""
+    from .compare import check_merge
+
+    n, b, hpr, d = outs.shape
+    rows = max(1, CHECK_CHUNK_ELEMENTS // max(1, n * hpr * d))
+    res = {"output": None, "lse": None}
+    for r0 in range(0, max(b, 1), rows):
+        sl = slice(r0, r0 + rows)
+        rep = check_merge(out[sl], None if lse is None else lse[sl], outs[:, sl], lses[:, sl],
+                          is_lse_base_on_e=base_e, kind=kind, keep_ulp_errors=False)
+        res["output"] = _merge_quantity(res["output"], rep.output)
+        res["lse"] = _merge_quantity(res["lse"], rep.lse)
+    return res
+
+
+def _bits(t):
+    return t.contiguous().view({2: torch.int16, 4: torch.int32}[t.element_size()])
+
+
+# --------------------------------------------------------------------------- the job
+def _sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def run(args: argparse.Namespace, pg=None, device=None) -> dict | None:
+    """Run every case on process group ``pg`` (default WORLD) with tensors on ``device``.
+
+    Returns the report on rank 0 of the group, ``None`` on the others.
+    """
+    import torch.distributed as dist
+
+    from ..collective import Group
+    from .impl import load_impl
+
+    pg = pg if pg is not None else dist.group.WORLD
+    world, rank = dist.get_world_size(pg), dist.get_rank(pg)
+    device = torch.device(device) if device is not None else torch.device("cpu")
+    impl = load_impl(args.impl)
+    project = impl.is_project
+    if not project and list(args.backend) != list(BACKENDS):
+        raise ValueError(f"--backend needs the project's implementation; {impl.spec} only has "
+                         "its default path")
+    backends = list(args.backend) if project else ["default"]
+    gpu = device.type == "cuda"
+    shapes, skipped = resolve_shapes(args.shapes, world, gpu)
+    bases = {"e": [True], "2": [False], "both": [True, False]}[args.base]
+    warmup = args.warmup if args.warmup is not None else (3 if gpu else 0)
+    iters = max(1, args.iters if args.iters is not None else (20 if gpu else 1))
+    group = Group(world, rank, pg)
+
+    plan = [(shape, dt_name, base_e) for shape in shapes for dt_name in args.dtype
+            if shape.dtype is None or shape.dtype == dt_name for base_e in bases]
+    rows = []
+    # progress on rank 0 (stderr): large GPU shapes take seconds a case (the float64 oracle)
+    bar = tqdm(plan, desc=f"accuracy N={world}", unit="case", disable=rank != 0 or args.quiet)
+    for case, (shape, dt_name, base_e) in enumerate(bar, start=1):
+        dtype = DTYPES[dt_name]
+        bar.set_postfix_str(f"{shape} {dt_name} base {'e' if base_e else '2'}")
+        heads = heads_of(rank, world, shape.h)
+        outs_slice, lses_slice = [], []
+        mine = None
+        for n in range(world):
+            o, s = rank_partial(args.seed, case, n, shape, dtype, args.spread, device)
+            if n == rank:
+                mine = (o, s)
+            outs_slice.append(o[:, heads].clone())
+            lses_slice.append(s[:, heads].clone())
+            del o, s
+        outs_slice = torch.stack(outs_slice)
+        lses_slice = torch.stack(lses_slice)
+        results = {}
+        for be in backends:
+            kw = dict(return_lse=True, is_lse_base_on_e=base_e)
+            if be != "default":
+                kw["backend"] = be
+            for _ in range(warmup):
+                impl.lse_reduce(mine[0], mine[1], group, **kw)
+            times = []
+            for _ in range(iters):
+                dist.barrier(group=pg)
+                _sync(device)
+                t0 = time.perf_counter()
+                res = impl.lse_reduce(mine[0], mine[1], group, **kw)
+                _sync(device)
+                times.append(time.perf_counter() - t0)
+            out, lse = res
+            kind = "ag_rs" if be == "ag_rs" else "a2a"
+            chk = check_slice(out, lse, outs_slice, lses_slice, base_e, kind)
+            row = dict(backend=be, dtype=dt_name, shape=str(shape), b=shape.b,
+                       h=shape.h, d=shape.d, base="e" if base_e else "2",
+                       output=chk["output"], lse=chk["lse"],
+                       seconds=statistics.median(times))
+            if be == "ag_rs":
+                row["ratio_vs_a2a_bound"] = check_slice(
+                    out, None, outs_slice, lses_slice, base_e, "a2a")["output"][
+                        "worst_ratio"]
+            results[be] = (out, lse)
+            rows.append(row)
+        if "packed" in results and "two_collective" in results:
+            (po, pl), (to, tl) = results["packed"], results["two_collective"]
+            same = bool(torch.equal(_bits(po), _bits(to))
+                        and torch.equal(_bits(pl), _bits(tl)))
+            for row in rows[-len(backends):]:
+                if row["backend"] in ("packed", "two_collective"):
+                    row["bitwise_packed_eq_two_collective"] = same
+        del outs_slice, lses_slice, mine, results
+
+    gathered = [None] * world
+    dist.all_gather_object(gathered, rows, group=pg)
+    if rank != 0:
+        return None
+    merged = []
+    for i, row in enumerate(gathered[0]):
+        per_rank = [g[i] for g in gathered]
+        m = dict(row)
+        for q in ("output", "lse"):
+            acc = None
+            for pr in per_rank:
+                if pr[q] is not None:
+                    acc = _merge_quantity(acc, _Q(pr[q]))
+            m[q] = acc
+        m["seconds"] = max(pr["seconds"] for pr in per_rank)
+        if "ratio_vs_a2a_bound" in row:
+            m["ratio_vs_a2a_bound"] = max(pr["ratio_vs_a2a_bound"] for pr in per_rank)
+        if "bitwise_packed_eq_two_collective" in row:
+            m["bitwise_packed_eq_two_collective"] = all(
+                pr["bitwise_packed_eq_two_collective"] for pr in per_rank)
+        m["ok"] = (m["output"]["failures"] == 0
+                   and (m["lse"] is None or m["lse"]["failures"] == 0)
+                   and m.get("bitwise_packed_eq_two_collective", True))
+        merged.append(m)
+    return {
+        "meta": {
+            "world_size": world,
+            "dist_backend": dist.get_backend(pg),
+            "device": str(device) if not gpu else torch.cuda.get_device_name(device),
+            "triton_interpreter": _env.INTERPRET,
+            "implementation": impl.spec,
+            "torch": torch.__version__,
+            "python": platform.python_version(),
+            "seed": args.seed,
+            "spread": args.spread,
+            "warmup": warmup,
+            "iters": iters,
+            "shapes": [str(s) + (f":{s.dtype}" if s.dtype else "") for s in shapes],
+            "skipped_shapes": skipped,
+            "tolerances": str(tol.tolerances_path()),
+        },
+        "cases": merged,
+        "ok": all(m["ok"] for m in merged),
+    }
+
+
+class _Q:
+    """A per-quantity dict seen through QuantityReport's attribute names."""
+
+    def __init__(self, d):
+        self.__dict__.update(d)
+
+
+def exit_status(report: dict | None) -> int:
+    return 0 if report is None or report["ok"] else 1
+
+
+def format_table(report: dict) -> str:
+    meta = report["meta"]
+    head = (f"dcp_a2a accuracy: N={meta['world_size']} {meta['dist_backend']} on "
+            f"{meta['device']}{' (Triton interpreter)' if meta['triton_interpreter'] else ''}"
+            f", impl {meta['implementation']}")
+    cols = (f"{'backend':<14} {'dtype':<8} {'shape':<12} {'base':<4} {'max|err|':>9} "
+            f"{'ulp':>7} {'err/tol':>7} {'lse err':>9} {'lse/tol':>7} {'bitwise':>7} "
+            f"{'ms':>9}  status")
+    lines = [head, cols, "-" * len(cols)]
+    for c in report["cases"]:
+        o, s = c["output"], c["lse"] or {}
+        bw = c.get("bitwise_packed_eq_two_collective")
+        extra = (f"  (vs A2A tol {c['ratio_vs_a2a_bound']:.3g})"
+                 if "ratio_vs_a2a_bound" in c else "")
+        lines.append(
+            f"{c['backend']:<14} {c['dtype']:<8} {c['shape']:<12} {c['base']:<4} "
+            f"{o['max_abs_err']:>9.2e} {o['max_ulp_err']:>7.3g} {o['worst_ratio']:>7.3f} "
+            f"{s.get('max_abs_err', float('nan')):>9.2e} {s.get('worst_ratio', float('nan')):>7.3f} "
+            f"{'-' if bw is None else ('yes' if bw else 'NO'):>7} {c['seconds'] * 1e3:>9.3f}  "
+            f"{'ok' if c['ok'] else 'FAIL'}{extra}")
+    if meta["skipped_shapes"]:
+        lines.append(f"skipped (H not divisible by {meta['world_size']}): "
+                     f"{', '.join(meta['skipped_shapes'])}")
+    failed = sum(not c["ok"] for c in report["cases"])
+    lines.append(f"{len(report['cases'])} cases, {failed} failed")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    import datetime
+
+    import torch.distributed as dist
+
+    args = parse_args(argv)
+    if "RANK" not in os.environ:  # a plain run: a group of one
+        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1")
+        if "MASTER_PORT" not in os.environ:
+            import socket
+
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                os.environ["MASTER_PORT"] = str(s.getsockname()[1])
+    backend = args.dist_backend
+    if backend == "auto":
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if backend == "gloo" and not _env.INTERPRET:
+        # gloo ranks hold CPU tensors, which only Triton's interpreter runs; the kernels were
+        # defined compiled (a GPU machine), so start this rank again with the interpreter on
+        os.environ["TRITON_INTERPRET"] = "1"
+        os.execv(sys.executable, [sys.executable, "-m", "dcp_a2a.testing.accuracy", *sys.argv[1:]])
+    if backend == "nccl":
+        if not torch.cuda.is_available():
+            print("--dist-backend nccl needs CUDA", file=sys.stderr)
+            return 2
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        torch.cuda.set_device(local)
+        device = torch.device("cuda", local)
+    else:
+        device = torch.device("cpu")
+    kw = {"device_id": device} if backend == "nccl" else {}
+    dist.init_process_group(backend, timeout=datetime.timedelta(minutes=10), **kw)
+    try:
+        try:
+            report = run(args, None, device)
+        except ValueError as e:
+            if dist.get_rank() == 0:
+                print(f"error: {e}", file=sys.stderr)
+            return 2
+        if report is not None:
+            if not args.quiet:
+                print(format_table(report), flush=True)
+            if args.out:
+                with open(args.out, "w") as f:
+                    json.dump(report, f, indent=2)
+        status = torch.tensor([exit_status(report)], dtype=torch.int32,
+                              device=device if backend == "nccl" else "cpu")
+        dist.broadcast(status, src=0)
+        return int(status.item())
+    finally:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

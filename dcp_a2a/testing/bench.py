@@ -1,0 +1,335 @@
+"""Benchmark of the local work of each path on one GPU (the exchange skipped).
+
+    python -m dcp_a2a.testing.bench [--out bench.json] [--quick] [--sweep]
+    torchrun --nproc-per-node N -m dcp_a2a.testing.bench --collective [--shapes BxH,...] [--out f.json]
+
+Per shape: pack, unpack-combine, packed total (pack + unpack), two_collective local work (output
+permute copy + LSE staging + combine), ag_rs local work (LSE staging + weighting), and a naive
+PyTorch version of pack + unpack. The device copy bandwidth is measured in the same run
+(a large device-to-device copy, bytes read + written) and every row reports GB/s and % of it.
+Small shapes are timed as CUDA-graph replays of many back-to-back calls; large ones with
+``triton.testing.do_bench`` (median of event-timed runs). ``--sweep`` times launch variants
+(dcp_a2a.kernels.tuning) for pack and unpack-combine.
+
+``--collective`` (under torchrun, one rank per GPU, NCCL) times the real exchange end to end:
+``lse_reduce`` with each backend (packed, two_collective, ag_rs), median over iterations, as
+CUDA-graph replays where the path captures (NCCL collectives do) and with events otherwise;
+rank 0 prints the table and the two_collective/packed and ag_rs/packed ratios. Without CUDA it
+runs on gloo with CPU tensors (a smoke test of the code path; the times mean nothing).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from dataclasses import asdict, dataclass
+
+import torch
+
+from ..kernels import tuning
+from ..kernels.combine import combine_separate, scale_for_reduce_scatter
+from ..ops import pack_send, unpack_combine
+from ..kernels.pack import lse_to_wire
+from ..wire import lse_pack_dim
+
+DEFAULT_SHAPES = [
+    # (B, H, D, N, dtype)       upstream microbenchmark, then decode shapes, then small heads
+    (8192, 64, 512, 4, "bfloat16"),
+    (8192, 64, 512, 8, "bfloat16"),
+    (1, 128, 512, 8, "bfloat16"),
+    (16, 128, 512, 8, "bfloat16"),
+    (128, 128, 512, 8, "bfloat16"),
+    (512, 128, 512, 8, "bfloat16"),
+    (256, 32, 128, 4, "float16"),
+    (256, 32, 128, 4, "float32"),
+]
+GRAPH_BYTES_LIMIT = 64 << 20  # below this many bytes moved, time graph replays
+
+
+@dataclass
+class Row:
+    shape: str
+    op: str
+    variant: str
+    us: float
+    bytes: int
+    gbps: float
+    pct_copy: float
+    method: str
+
+
+def copy_bandwidth(nbytes: int = 4 << 30) -> float:
+    import triton.testing
+
+    src = torch.empty(nbytes // 2, dtype=torch.bfloat16, device="cuda").normal_()
+    dst = torch.empty_like(src)
+    ms = triton.testing.do_bench(lambda: dst.copy_(src), warmup=50, rep=300,
+                                 return_mode="median")
+    return 2 * nbytes / (ms * 1e-3) / 1e9
+
+
+def time_us(fn, nbytes: int, reps_in_graph: int = 50) -> tuple[float, str]:
+    import triton.testing
+
+    if nbytes >= GRAPH_BYTES_LIMIT:
+        ms = triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median")
+        return ms * 1e3, "events"
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(reps_in_graph):
+            fn()
+    times = []
+    for _ in range(20):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        torch.cuda.synchronize()
+        times.append(a.elapsed_time(b) * 1e3 / reps_in_graph)
+    times.sort()
+    return times[len(times) // 2], "graph"
+
+
+def naive_torch(out, lse, send, n, hpr, d):
+    """Pack and unpack-combine in plain PyTorch ops (the baseline an engine would start from)."""
+    b = out.shape[0]
+    send[..., :d].copy_(out.view(b, n, hpr, d).transpose(0, 1))
+    lanes = send.view(torch.int16 if send.element_size() == 2 else torch.int32)[..., d:]
+    lanes.copy_(lse.float().view(b, n, hpr).transpose(0, 1).contiguous()
+                .view(lanes.dtype).view(lanes.shape))
+    recv = send
+    lse_r = recv.view(lanes.dtype)[..., d:].contiguous().view(torch.float32).squeeze(-1)
+    w = torch.softmax(lse_r, dim=0)
+    return (w[..., None] * recv[..., :d].float()).sum(0).to(out.dtype)
+
+
+def bench_shape(b, h, d, n, dtype_name, copy_gbps, sweep=False) -> list[Row]:
+    dtype = getattr(torch, dtype_name)
+    es = torch.empty((), dtype=dtype).element_size()
+    p = lse_pack_dim(dtype)
+    hpr = h // n
+    out = torch.randn((b, h, d), device="cuda").to(dtype)
+    lse = torch.randn((b, h), device="cuda") * 4
+    send = torch.empty((n, b, hpr, d + p), dtype=dtype, device="cuda")
+    pack_send(out, lse, send, n, hpr, d, p)
+    recv = send.clone()
+    data_send = torch.empty((n, b, hpr, d), dtype=dtype, device="cuda")
+    lse_send = torch.empty((n, b, hpr), dtype=torch.float32, device="cuda")
+    lse_local = torch.empty((b, h), dtype=torch.float32, device="cuda")
+    lse_all = (torch.randn((n, b, h), device="cuda") * 4)
+    scaled = torch.empty((n, b, hpr, d), dtype=dtype, device="cuda")
+    shape = f"B={b} H={h} D={d} N={n} {dtype_name}"
+
+    wire = n * b * hpr * (d + p) * es
+    io = b * h * d * es
+    merged = b * hpr * d * es
+    ops = {
+        "pack": (lambda: pack_send(out, lse, send, n, hpr, d, p), io + b * h * 4 + wire),
+        "unpack_combine": (lambda: unpack_combine(recv, d, p, False, True), wire + merged),
+        "packed_total": (lambda: (pack_send(out, lse, send, n, hpr, d, p),
+                                  unpack_combine(send, d, p, False, True)),
+                         io + b * h * 4 + 2 * wire + merged),
+        "two_collective_local": (
+            lambda: (data_send.copy_(out.unflatten(1, (n, hpr)).transpose(0, 1)),
+                     lse_to_wire(lse, lse_send, n),
+                     combine_separate(data_send, lse_send, False, True)),
+            2 * io + b * h * 8 + io + b * h * 4 + merged),
+        "ag_rs_local": (lambda: (lse_to_wire(lse, lse_local, n),
+                                 scale_for_reduce_scatter(out, lse_all, 0, False, True, scaled)),
+                        b * h * 8 + n * b * h * 4 + 2 * io),
+        "naive_torch": (lambda: naive_torch(out, lse, send, n, hpr, d),
+                        io + b * h * 4 + 2 * wire + merged),
+    }
+    rows = []
+    for name, (fn, nbytes) in ops.items():
+        us, method = time_us(fn, nbytes)
+        gbps = nbytes / (us * 1e-6) / 1e9
+        rows.append(Row(shape, name, "default", us, nbytes, gbps, 100 * gbps / copy_gbps, method))
+    if sweep:
+        rows += _sweep(shape, ops, copy_gbps, h, hpr, d)
+    return rows
+
+
+def _sweep(shape, ops, copy_gbps, h, hpr, d) -> list[Row]:
+    rows = []
+    for which, op in (("pack", "pack"), ("combine", "unpack_combine")):
+        heads = h if which == "pack" else hpr
+        for bh, bd, nw, stream in _variants(heads, d):
+            tuning.OVERRIDES[which] = tuning.Launch(bh, bd, nw, stream)
+            fn, nbytes = ops[op]
+            try:
+                us, method = time_us(fn, nbytes)
+            finally:
+                tuning.OVERRIDES.pop(which, None)
+            gbps = nbytes / (us * 1e-6) / 1e9
+            rows.append(Row(shape, op, f"bh={bh} bd={bd} w={nw}" + " cs" * stream, us,
+                            nbytes, gbps, 100 * gbps / copy_gbps, method))
+    return rows
+
+
+def _variants(heads, d):
+    """Launch variants around the defaults (block sizes count 32-bit words on the paired path)."""
+    for bh in (1, 2, 4, 8, 16, 32):
+        if bh > heads:
+            continue
+        for bd in (64, 128, 256, 512):
+            if bd > max(64, d) or bh * bd > 8192 or bh * bd < 64:
+                continue
+            for nw in (2, 4, 8):
+                for stream in (False, True):
+                    yield bh, bd, nw, stream
+
+
+def table(rows: list[Row]) -> str:
+    head = f"{'shape':34} {'op':22} {'variant':18} {'us':>9} {'GB/s':>8} {'%copy':>6} {'timing':>6}"
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        lines.append(f"{r.shape:34} {r.op:22} {r.variant:18} {r.us:9.2f} {r.gbps:8.0f} "
+                     f"{r.pct_copy:6.1f} {r.method:>6}")
+    return "\n".join(lines)
+
+
+COLLECTIVE_SHAPES = [(b, h) for h in (64, 128) for b in (1, 16, 128, 1024, 8192)]
+
+
+def _time_collective(fn, device, iters: int) -> tuple[float, str]:
+    import torch.distributed as dist
+
+    for _ in range(3):
+        fn()
+    if device.type == "cuda":
+        try:
+            torch.cuda.synchronize()
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                fn()
+            runner, method = g.replay, "graph"
+        except Exception:  # a path that does not capture: plain launches
+            torch.cuda.synchronize()
+            runner, method = fn, "events"
+        times = []
+        for _ in range(iters):
+            dist.barrier()
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            runner()
+            b.record()
+            torch.cuda.synchronize()
+            times.append(a.elapsed_time(b) * 1e3)
+    else:
+        import time
+
+        times, method = [], "wall"
+        for _ in range(iters):
+            dist.barrier()
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e6)
+    times.sort()
+    return times[len(times) // 2], method
+
+
+def collective_main(args) -> int:
+    """End-to-end lse_reduce per backend on the real group (run under torchrun)."""
+    import os
+
+    import torch.distributed as dist
+
+    from ..collective import BACKENDS, Group, lse_reduce
+
+    cuda = torch.cuda.is_available()
+    dist.init_process_group("nccl" if cuda else "gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if cuda:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
+    group = Group.from_process_group()
+    shapes = ([tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
+              if args.shapes else COLLECTIVE_SHAPES)
+    d = args.head_dim
+    rows = []
+    for b, h in shapes:
+        if h % world:
+            continue
+        g = torch.Generator(device="cpu").manual_seed(rank)
+        out = torch.randn((b, h, d), generator=g).to(torch.bfloat16).to(device)
+        lse = (torch.randn((b, h), generator=g) * 4).to(device)
+        res = {}
+        for backend in BACKENDS:
+            us, method = _time_collective(
+                lambda: lse_reduce(out, lse, group, backend=backend), device, args.iters)
+            res[backend] = (us, method)
+        rows.append({"B": b, "H": h, "D": d, "N": world,
+                     **{f"{k}_us": v[0] for k, v in res.items()},
+                     **{f"{k}_timing": v[1] for k, v in res.items()},
+                     "two_collective_over_packed": res["two_collective"][0] / res["packed"][0],
+                     "ag_rs_over_packed": res["ag_rs"][0] / res["packed"][0]})
+    if rank == 0:
+        import json
+
+        with open(args.out, "w") as f:
+            json.dump({"world_size": world, "device": str(device),
+                       "nccl": ".".join(map(str, torch.cuda.nccl.version())) if cuda else None,
+                       "rows": rows}, f, indent=1)
+        print(f"{'B':>6} {'H':>4} {'packed us':>10} {'two_coll us':>12} {'ag_rs us':>10} "
+              f"{'2coll/packed':>12} {'ag_rs/packed':>12} timing")
+        for r in rows:
+            print(f"{r['B']:6d} {r['H']:4d} {r['packed_us']:10.1f} {r['two_collective_us']:12.1f} "
+                  f"{r['ag_rs_us']:10.1f} {r['two_collective_over_packed']:12.2f} "
+                  f"{r['ag_rs_over_packed']:12.2f} {r['packed_timing']}")
+    dist.destroy_process_group()
+    return 0
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="dcp-a2a-bench", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", default="bench.json")
+    ap.add_argument("--quick", action="store_true", help="only the two target shapes")
+    ap.add_argument("--sweep", action="store_true", help="also time launch variants")
+    ap.add_argument("--collective", action="store_true",
+                    help="under torchrun: time lse_reduce end to end per backend")
+    ap.add_argument("--shapes", default=None, help="with --collective: BxH,BxH,... (D=--head-dim)")
+    ap.add_argument("--head-dim", type=int, default=512)
+    ap.add_argument("--iters", type=int, default=50)
+    args = ap.parse_args(argv)
+    if args.collective:
+        return collective_main(args)
+    if not torch.cuda.is_available():
+        print("dcp_a2a.testing.bench needs a CUDA GPU (the CPU path is the Triton interpreter, which "
+              "says nothing about speed)", file=sys.stderr)
+        return 2
+    shapes = DEFAULT_SHAPES[:1] + DEFAULT_SHAPES[2:3] if args.quick else DEFAULT_SHAPES
+    copy_gbps = copy_bandwidth()
+    rows = []
+    for b, h, d, n, dt in shapes:
+        rows += bench_shape(b, h, d, n, dt, copy_gbps, sweep=args.sweep)
+    props = torch.cuda.get_device_properties(0)
+    import triton
+
+    report = {"device": props.name, "torch": torch.__version__, "triton": triton.__version__,
+              "copy_gbps": copy_gbps, "rows": [asdict(r) for r in rows]}
+    with open(args.out, "w") as f:
+        json.dump(report, f, indent=1)
+    print(f"device {props.name}; copy bandwidth {copy_gbps:.0f} GB/s (read + write)")
+    print(table([r for r in rows if r.variant == "default"]))
+    if args.sweep:
+        best = {}
+        for r in rows:
+            k = (r.shape, r.op)
+            if r.variant != "default" and (k not in best or r.us < best[k].us):
+                best[k] = r
+        print("\nbest sweep variant per (shape, op):")
+        print(table(list(best.values())))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,370 @@
+"""``dcp-a2a`` command line (also ``python -m dcp_a2a``).
+
+``dcp-a2a validate`` runs every test tier this machine supports and writes a report; see
+docs/validate.md and :mod:`dcp_a2a.testing.validate` for how tiers are chosen and counted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+# exit statuses of ``validate``
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_NOT_RUN, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+
+
+def _tier_list(value: str) -> list[str]:
+    from .validate import TIERS
+
+    tiers = [t.strip() for t in value.split(",") if t.strip()]
+    bad = [t for t in tiers if t not in TIERS]
+    if bad or not tiers:
+        raise argparse.ArgumentTypeError(
+            f"unknown tier(s) {', '.join(bad) or '(none)'}; choose from {', '.join(TIERS)}")
+    return tiers
+
+
+def _workers(value: str):
+    if value == "auto":
+        return value
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--workers takes a number or 'auto', got {value!r}")
+    if n < 0:
+        raise argparse.ArgumentTypeError("--workers must be >= 0")
+    return n
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="dcp-a2a", description="dcp_a2a: the packed all-to-all combine for Decode Context "
+                                    "Parallel attention, and its validation suite.")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    v = sub.add_parser(
+        "validate", help="run every test tier this machine supports and write a report",
+        description="Detect the machine (CPU, GPUs, eval model, GSM8K data), run each test tier "
+                    "that can run here, print a summary and write DIR/validation.json, "
+                    "DIR/validation.md and DIR/ulp_<dtype>.png. Exit status: 0 all ran tiers "
+                    "passed, 1 a failure, 2 usage error, 3 a tier asked for with --tiers cannot "
+                    "run here, 130 interrupted.")
+    v.add_argument("--impl", default=None, metavar="SPEC",
+                   help="implementation under test, package.module[:attr] (default: "
+                        "$DCP_A2A_IMPL or dcp_a2a); passed to pytest as --impl")
+    v.add_argument("--tiers", type=_tier_list, default=None, metavar="T1,T2",
+                   help="tiers to run (unit,kernel,multiproc,conformance,numerics,gpu,multigpu,"
+                        "e2e); default: every tier this machine supports")
+    v.add_argument("--quick", action="store_true",
+                   help="fast pre-commit subset: unit, kernel and conformance tests that need "
+                        "neither process groups (multiproc) nor numerics, no slow tests, one case "
+                        "per test function")
+    v.add_argument("--no-slow", action="store_true",
+                   help="leave out tests marked slow (counted as not run in their tiers)")
+    v.add_argument("--evals", action="store_true",
+                   help="also run the e2e tier: its tests, logit parity and a GSM8K subset "
+                        "(needs the eval model and data)")
+    v.add_argument("--gsm8k-dir", type=Path, default=None, metavar="DIR",
+                   help="GSM8K JSONL directory (default: $DCP_A2A_GSM8K_DIR or "
+                        "../shared/data/gsm8k next to the repo)")
+    v.add_argument("--gsm8k-limit", type=int, default=None, metavar="K",
+                   help="questions in the GSM8K subset with --evals (default 50 on a GPU, 10 on "
+                        "CPU: ~10 s a question per backend there)")
+    v.add_argument("--gsm8k-backends", default="reference,packed", metavar="B1,B2",
+                   help="backends compared on GSM8K, the first is the baseline "
+                        "(default reference,packed)")
+    v.add_argument("--out", type=Path, default=Path("validation-report"), metavar="DIR",
+                   help="report directory (default ./validation-report)")
+    v.add_argument("-j", "--workers", type=_workers, default=None, metavar="N",
+                   help="pytest-xdist workers ('auto' = one per CPU, 0 = no xdist; default auto "
+                        "on CPU, 8 on a GPU machine, 0 with --quick: starting workers costs "
+                        "more than the subset)")
+    v.add_argument("--suite", type=Path, default=None, metavar="DIR",
+                   help="directory holding tests/ (default: the checkout this package is in; "
+                        "with only the installed package, its shipped conformance suite)")
+    v.add_argument("--no-progress", action="store_true", help="no progress bar")
+    v.add_argument("--no-plots", action="store_true", help="skip the PNGs")
+    v.add_argument("pytest_args", nargs=argparse.REMAINDER, metavar="-- PYTEST_ARGS",
+                   help="extra arguments for pytest after --, e.g. -- -k pack -x")
+    return p
+
+
+class _Stream:
+    """Plain pass-through to a terminal stream: tqdm given ``sys.stderr`` itself stayed silent on
+    some ptys here; through this wrapper it draws."""
+
+    def __init__(self, stream):
+        self.stream = stream
+
+    def write(self, s):
+        return self.stream.write(s)
+
+    def flush(self):
+        return self.stream.flush()
+
+    def isatty(self):
+        return True
+
+
+class Progress:
+    """A tqdm bar per pytest session on a terminal; periodic lines elsewhere (CI logs)."""
+
+    def __init__(self, enabled: bool, stream=None):
+        self.stream = stream or sys.stderr
+        self.tty = enabled and self.stream.isatty()
+        self.enabled = enabled
+        self.bar = None
+        self.done = 0
+        self.total = None
+        self.fails = 0
+        self.skips = 0
+        self.last_line = 0.0
+
+    def message(self, text: str) -> None:
+        if not self.enabled:
+            return
+        if self.bar is not None:
+            self.bar.write(text, file=self.bar.fp)
+        else:
+            print(text, file=self.stream, flush=True)
+
+    def start_run(self, spec) -> None:
+        self.done, self.total, self.fails, self.skips = 0, None, 0, 0
+        self.t0 = time.monotonic()
+        label = f"{spec.name} [{','.join(spec.tiers)}]"
+        if self.tty:
+            from tqdm import tqdm
+
+            import shutil
+
+            wide = shutil.get_terminal_size((0, 0)).columns >= 40
+            self.bar = tqdm(total=None, desc=f"{label} collecting", unit="test",
+                            file=_Stream(self.stream), dynamic_ncols=wide, ncols=None if wide else 100,
+                            leave=True)
+            self.label = label
+        else:
+            self.label = label
+            self.message(f"{label}: collecting (pytest -n {spec.workers or 0})")
+
+    def collected(self, spec, collection: dict) -> None:
+        self.total = len(collection.get("selected", []))
+        if self.bar is not None:
+            self.bar.reset(total=self.total)
+            self.bar.update(self.done)
+            self.bar.set_description(self.label)
+        else:
+            self.message(f"{self.label}: {self.total} tests selected "
+                         f"({len(collection.get('dropped', []))} left out)")
+
+    def test_done(self, spec, rec: dict) -> None:
+        self.done += 1
+        oc = rec.get("outcome")
+        if oc in ("failed", "error"):
+            self.fails += 1
+            self.message(f"  {oc.upper()} {rec['nodeid']}")
+        elif oc == "skipped":
+            self.skips += 1
+        if self.bar is not None:
+            self.bar.update(1)
+            self.bar.set_postfix(fail=self.fails, skip=self.skips, refresh=False)
+        elif self.enabled and time.monotonic() - self.last_line > 20:
+            self.last_line = time.monotonic()
+            self.message(f"{self.label}: {self.done}/{self.total or '?'} done, "
+                         f"{self.fails} failed, {self.skips} skipped")
+
+    def end_run(self, spec, result) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+        self.message(f"{self.label}: {self.done} tests in {result.wall_s:.1f}s, "
+                     f"{self.fails} failed, {self.skips} skipped (pytest exit {result.exit_status})")
+
+
+def run_problem(result) -> str | None:
+    """Why a pytest session's outcome cannot be trusted as-is, or None."""
+    failed = any(r["outcome"] in ("failed", "error") for r in result.records)
+    code = result.exit_status
+    if code == 0 and not failed:
+        return None if result.session else "ended without a session record"
+    if code == 1 and failed:
+        return None
+    if code == 5:
+        return None  # no tests collected: the tiers say "no tests"
+    names = {2: "interrupted", 3: "internal error", 4: "usage error"}
+    why = names.get(code, f"exit status {code}")
+    if code == 1 and not failed:
+        why = "pytest reported a failure that no test record shows"
+    return why
+
+
+def validate(args) -> int:
+    from . import report as rep
+    from . import validate as val
+
+    t_start = time.monotonic()
+    started = val.now_iso()
+    impl = args.impl or os.environ.get("DCP_A2A_IMPL") or "dcp_a2a"
+    if args.suite is not None and not (args.suite / "tests").is_dir():
+        print(f"dcp-a2a validate: --suite {args.suite}: no tests/ directory there",
+              file=sys.stderr)
+        return EXIT_USAGE
+    suite = val.find_suite(args.suite)
+    from .impl import load_impl
+
+    try:
+        impl_obj = load_impl(impl)
+    except ValueError as e:
+        print(f"dcp-a2a validate: --impl {impl}: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    missing = impl_obj.missing()
+
+    machine = val.detect_machine(args.gsm8k_dir)
+    requested = args.tiers
+    if requested and "e2e" in requested:
+        args.evals = True
+    plans = val.plan_tiers(machine, requested, args.evals, quick=args.quick)
+    if args.workers is None:
+        # a CUDA context per worker (and a pool of GPU ranks for the multi-process tests):
+        # on a GPU machine a few workers, not one per core
+        gpu_cap = min(val.GPU_WORKERS, os.cpu_count() or 1)
+        args.workers = 0 if args.quick else (gpu_cap if machine["cuda_device_count"] else "auto")
+    runs = val.plan_runs(plans, args.workers if machine["modules"]["xdist"] else None)
+    if args.no_slow:
+        for spec in runs:
+            spec.exclude = sorted(set(spec.exclude) | {"slow"})
+    extra = list(args.pytest_args or [])
+    if extra and extra[0] == "--":
+        extra = extra[1:]
+
+    out_dir = args.out.resolve()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    progress = Progress(not args.no_progress)
+    progress.message(
+        f"dcp-a2a validate: impl {impl}, device {machine['device']} "
+        f"(x{machine['cuda_device_count']}), triton {machine['triton_mode']}; report -> {out_dir}")
+    if missing:
+        progress.message(f"  note: {impl} lacks {', '.join(missing)}; tests needing them skip")
+    for p in plans:
+        progress.message(f"  {p.name:<12} {'run' if p.run else 'not run: ' + p.reason}")
+
+    results = []
+    evals = []
+    interrupted = False
+    try:
+        for spec in runs:
+            progress.start_run(spec)
+            res = val.run_pytest(spec, out_dir, impl=impl, quick=args.quick, extra=extra,
+                                 progress=progress, suite=suite)
+            progress.end_run(spec, res)
+            results.append(res)
+        if args.evals:
+            limit = args.gsm8k_limit or (50 if machine["cuda_device_count"] else 10)
+            for job in val.plan_evals(machine, out_dir, limit, args.gsm8k_backends, impl):
+                evals.append(val.run_eval(job, out_dir, progress))
+    except KeyboardInterrupt:
+        interrupted = True
+        if progress.bar is not None:
+            progress.bar.close()
+        print("\ninterrupted: writing a partial report", file=sys.stderr)
+
+    records = [r for res in results for r in res.records]
+    selected_ids = {s["nodeid"] for res in results for s in res.collection.get("selected", [])}
+    dropped = {}
+    for res in results:
+        for d in res.collection.get("dropped", []):
+            if d["nodeid"] not in selected_ids:
+                dropped.setdefault(d["nodeid"], d)
+    dropped = list(dropped.values())
+    tiers = val.summarise_tiers(plans, records, dropped)
+    dtypes = val.summarise_dtypes(records)
+    tot = val.totals(records)
+    runs_out = []
+    for res in results:
+        runs_out.append({"name": res.spec.name, "tiers": res.spec.tiers,
+                         "exclude": res.spec.exclude, "workers": res.spec.workers,
+                         "command": res.command, "exit_status": res.exit_status,
+                         "wall_s": res.wall_s, "log": res.log,
+                         "selected": len(res.collection.get("selected", [])),
+                         "collect_errors": res.session.get("collect_errors", 0),
+                         "problem": run_problem(res)})
+    failures = [{"nodeid": r["nodeid"], "tiers": r.get("tiers", []), "outcome": r["outcome"],
+                 "phase": r.get("phase"), "message": r.get("message", ""),
+                 "text": r.get("text", "")}
+                for r in records if r["outcome"] in ("failed", "error")]
+    untiered = [d["nodeid"] for d in dropped if not d["tiers"]]
+
+    failed = (any(t.status == "failed" for t in tiers) or bool(failures)
+              or any(r["problem"] for r in runs_out) or any(e.status == "failed" for e in evals))
+    requested_not_run = [p.name for p in plans if requested and p.name in requested and not p.run]
+    if interrupted:
+        code = EXIT_INTERRUPTED
+    elif failed:
+        code = EXIT_FAILED
+    elif requested_not_run:
+        code = EXIT_NOT_RUN
+    else:
+        code = EXIT_OK
+    ran = [t for t in tiers if t.status != "not run"]
+    worst = max((t.worst_ratio for t in ran if t.worst_ratio is not None), default=None)
+
+    report = {
+        "schema": "dcp_a2a.validation/1",
+        "ok": code == EXIT_OK,
+        "exit_status": code,
+        "interrupted": interrupted,
+        "started_at": started,
+        "wall_s": time.monotonic() - t_start,
+        "command": ["dcp-a2a"] + sys.argv[1:],
+        "options": {"impl": impl, "impl_missing": missing,
+                    "tiers": requested, "quick": args.quick, "no_slow": args.no_slow,
+                    "evals": args.evals,
+                    "workers": args.workers, "out": str(out_dir), "pytest_args": extra,
+                    "suite": str(suite.root), "suite_args": list(suite.args),
+                    "gsm8k_limit": args.gsm8k_limit},
+        "machine": machine,
+        "tiers": [val.as_plain(t) for t in tiers],
+        "totals": tot,
+        "worst_ratio": worst,
+        "headroom": val.headroom(worst),
+        "requested_not_run": requested_not_run,
+        "untiered_tests": untiered,
+        "dtypes": dtypes,
+        "evals": [val.as_plain(e) for e in evals],
+        "runs": runs_out,
+        "failures": failures,
+        "tests": [{k: v for k, v in r.items() if k != "event"} | {
+            "merge_reports": [{k: v for k, v in m.items() if k != "ulp_histogram"}
+                              for m in r.get("merge_reports") or ()]} for r in records],
+        "paths": {"json": str(out_dir / "validation.json"),
+                  "markdown": str(out_dir / "validation.md"), "png": {}},
+    }
+    if not args.no_plots and dtypes:
+        report["paths"]["png"] = rep.plot_ulp_histograms(dtypes, out_dir)
+        if not report["paths"]["png"]:
+            print("note: matplotlib is not installed, no PNGs (pip install -e .[report])",
+                  file=sys.stderr)
+    report["wall_s"] = time.monotonic() - t_start
+    rep.write_json(report, out_dir / "validation.json")
+    rep.write_markdown(report, out_dir / "validation.md")
+    print(rep.summary_table(report), flush=True)
+    if untiered:
+        print(f"note: {len(untiered)} test(s) carry no tier marker and sit in no tests/<tier>/ "
+              f"directory; they were not run (listed in validation.json: untiered_tests)")
+    if requested_not_run:
+        print(f"asked for but cannot run here: {', '.join(requested_not_run)} (exit status 3)")
+    return code
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command == "validate":
+        return validate(args)
+    parser.print_help()
+    return EXIT_USAGE
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,173 @@
+"""One comparison helper: an implementation's merge against the float64 oracle.
+
+Errors are reported per element in ulps of the output dtype and as a ratio to the derived bound
+(tolerances.yaml). ``ratio <= 1`` passes; the headroom is ``1 / ratio``. A NaN where the oracle is
+finite, or a mismatched infinity, counts as an infinite ratio.
+
+Everything is computed on the device the oracle's inputs (``outputs``, ``lses``) live on, in
+float64 -- on a GPU the whole check of a 10^8-element merge takes milliseconds -- and only the
+summary (scalars, the worst element, a fixed-bin ulp histogram) comes back to the host.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+import torch
+
+from . import tolerances as tol
+
+
+@dataclass
+class QuantityReport:
+    quantity: str            # "output" or "lse"
+    elements: int
+    max_abs_err: float
+    max_ulp_err: float       # in ulps of the output dtype at the oracle value (output only)
+    worst_ratio: float       # max over elements of err / bound
+    failures: int            # elements with err > bound
+    worst_index: tuple = ()
+    worst_actual: float = math.nan
+    worst_expected: float = math.nan
+    upstream_ok: bool = True  # would the upstream atol=rtol check have passed?
+
+    @property
+    def ok(self) -> bool:
+        return self.failures == 0
+
+
+# Fixed bins (in ulps of the output dtype) so histograms from many tests can be summed.
+ULP_BIN_EDGES = [i / 20 for i in range(21)] + [1.5, 2.0, 4.0, 16.0, math.inf]
+
+
+@dataclass
+class MergeReport:
+    dtype: str
+    world_size: int
+    base: str
+    kind: str
+    output: QuantityReport
+    lse: QuantityReport | None = None
+    ulp_histogram: list = field(default_factory=lambda: [0] * (len(ULP_BIN_EDGES) - 1),
+                                repr=False)
+
+    @property
+    def ok(self) -> bool:
+        return self.output.ok and (self.lse is None or self.lse.ok)
+
+    @property
+    def worst_ratio(self) -> float:
+        return max(self.output.worst_ratio, self.lse.worst_ratio if self.lse else 0.0)
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d["ok"] = self.ok
+        d["worst_ratio"] = self.worst_ratio
+        return d
+
+    def describe(self) -> str:
+        lines = [f"merge check ({self.kind}, {self.dtype}, N={self.world_size}, base {self.base})"]
+        for q in (self.output, self.lse):
+            if q is None:
+                continue
+            status = "ok" if q.ok else f"{q.failures} of {q.elements} elements over the bound"
+            lines.append(
+                f"  {q.quantity}: {status}; max |err| {q.max_abs_err:.3e}"
+                + (f" = {q.max_ulp_err:.3g} ulp" if q.quantity == "output" else "")
+                + f"; worst err/bound {q.worst_ratio:.3g} at {q.worst_index}: got "
+                f"{q.worst_actual!r}, expected {q.worst_expected!r}"
+            )
+        return "\n".join(lines)
+
+
+def ulp_histogram(ulp_errors: torch.Tensor) -> list[int]:
+    """Counts of finite per-element errors (in ulps) in the bins of ``ULP_BIN_EDGES``
+    ([lo, hi) each), computed where the errors live."""
+    v = ulp_errors[torch.isfinite(ulp_errors)].flatten()
+    edges = torch.tensor(ULP_BIN_EDGES[1:-1], dtype=v.dtype, device=v.device)
+    idx = torch.bucketize(v, edges, right=True)
+    return torch.bincount(idx, minlength=len(ULP_BIN_EDGES) - 1).tolist()
+
+
+def _errors(actual: torch.Tensor, expected: torch.Tensor):
+    a = actual.detach().to(device=expected.device, dtype=torch.float64)
+    e = expected.detach().to(torch.float64)
+    same = (a == e) | (torch.isnan(a) & torch.isnan(e))
+    err = torch.where(same, torch.zeros_like(a), (a - e).abs())
+    err = torch.where(torch.isnan(err), torch.full_like(err, math.inf), err)
+    return a, e, err
+
+
+def _quantity(name, a, e, err, bound, ulps, upstream_tol) -> QuantityReport:
+    n = err.numel()
+    if n == 0:
+        return QuantityReport(name, 0, 0.0, 0.0, 0.0, 0)
+    ratio = torch.where(err == 0, torch.zeros_like(err), err / bound)
+    ratio = torch.nan_to_num(ratio, nan=math.inf, posinf=math.inf)
+    flat = int(torch.argmax(ratio))
+    # numpy's unravel_index: torch's goes through torch._check, which imports sympy (~1 s a
+    # process, paid by every gloo rank)
+    idx = tuple(int(i) for i in np.unravel_index(flat, tuple(err.shape)))
+    finite = torch.isfinite(e) & torch.isfinite(a)
+    up_ok = bool(torch.all(((a - e).abs() <= upstream_tol * (1 + e.abs())) | ~finite)) and bool(
+        torch.equal(torch.isfinite(a), torch.isfinite(e)))
+    return QuantityReport(
+        quantity=name, elements=n, max_abs_err=float(err.max()),
+        max_ulp_err=float(ulps.max()) if ulps is not None else math.nan,
+        worst_ratio=float(ratio.flatten()[flat]), failures=int((ratio > 1).sum()),
+        worst_index=idx, worst_actual=float(a.flatten()[flat]),
+        worst_expected=float(e.flatten()[flat]), upstream_ok=up_ok,
+    )
+
+
+def check_merge(actual_out: torch.Tensor, actual_lse: torch.Tensor | None,
+                outputs: torch.Tensor, lses: torch.Tensor, *, is_lse_base_on_e: bool = True,
+                kind: str = "a2a", heads: slice | None = None,
+                keep_ulp_errors: bool = True) -> MergeReport:
+    """Compare a merged result with the float64 oracle over ``outputs[N, B, H, D]``,
+    ``lses[N, B, H]`` (the partials every rank held). ``heads`` selects the oracle's head range
+    when ``actual_out`` is one rank's [B, H/N, D] slice. The check runs on the device of
+    ``outputs`` (the actual results are moved there). ``keep_ulp_errors=False`` skips the ulp
+    histogram."""
+    from dcp_a2a.reference import combine_magnitude, lse_weighted_combine, small_weight_magnitude
+
+    dtype = actual_out.dtype
+    n = outputs.shape[0]
+    lses = lses.to(outputs.device)
+    if heads is not None:
+        outputs, lses = outputs[:, :, heads], lses[:, :, heads]
+    ref, ref_lse = lse_weighted_combine(outputs, lses, return_lse=True,
+                                        is_lse_base_on_e=is_lse_base_on_e)
+    mag, shift_mag = combine_magnitude(outputs, lses, is_lse_base_on_e)
+    below, at_least = tol.small_weight_limits()
+    small = small_weight_magnitude(outputs, lses, is_lse_base_on_e, below, at_least)
+    if tuple(actual_out.shape) != tuple(ref.shape):
+        raise AssertionError(f"output shape {tuple(actual_out.shape)} != {tuple(ref.shape)}")
+    a, e, err = _errors(actual_out, ref)
+    bound = tol.output_bound(e, mag, shift_mag, dtype, n, kind, small_weight_magnitude=small)
+    ulps = err / tol.ulp(e, dtype)
+    up = tol.upstream(dtype)
+    out_q = _quantity("output", a, e, err, bound, ulps, up["output"])
+    lse_q = None
+    if actual_lse is not None:
+        if tuple(actual_lse.shape) != tuple(ref_lse.shape):
+            raise AssertionError(f"lse shape {tuple(actual_lse.shape)} != {tuple(ref_lse.shape)}")
+        if actual_lse.dtype != torch.float32:
+            raise AssertionError(f"returned lse must be float32, got {actual_lse.dtype}")
+        la, le, lerr = _errors(actual_lse, ref_lse)
+        lb = tol.lse_bound(le, dtype, n, is_lse_base_on_e)
+        lse_q = _quantity("lse", la, le, lerr, lb, None, up["lse"])
+    rep = MergeReport(tol.dtype_name(dtype), n, "e" if is_lse_base_on_e else "2", kind,
+                      out_q, lse_q)
+    if keep_ulp_errors:
+        rep.ulp_histogram = ulp_histogram(ulps)
+    return rep
+
+
+def assert_merge_close(actual_out, actual_lse, outputs, lses, **kwargs) -> MergeReport:
+    rep = check_merge(actual_out, actual_lse, outputs, lses, **kwargs)
+    if not rep.ok:
+        raise AssertionError(rep.describe())
+    return rep

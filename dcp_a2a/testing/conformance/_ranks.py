@@ -1,0 +1,174 @@
+"""Real process groups for the conformance tier: one gloo group of 3 ranks runs every
+multi-rank scenario of ``SCENARIOS`` through the implementation's ``lse_reduce`` and saves each
+rank's results; the tests compare them with the oracle.
+
+The group is spawned once per test session (the first xdist worker to need it runs it under a
+file lock; the others read its results), so the whole multi-rank part costs one group start.
+Every wait is bounded: the process group has a timeout and the parent kills ranks that outlive
+the deadline, so a broken implementation fails tests instead of hanging CI.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+import traceback
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+
+WORLD = 3
+PG_TIMEOUT_S = 30
+DEADLINE_S = 150
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    n: int
+    dtype: torch.dtype
+    b: int = 3
+    h: int = 6
+    d: int = 24
+    base_e: bool = True
+    return_lse: bool = True
+    masked: bool = False
+    seed: int = 0
+
+
+SCENARIOS = [
+    Scenario("n3_float16_base_e", 3, torch.float16, seed=1),
+    Scenario("n3_bfloat16_base_2", 3, torch.bfloat16, base_e=False, seed=2),
+    Scenario("n3_float32_out_only", 3, torch.float32, return_lse=False, d=20, seed=3),
+    Scenario("n2_bfloat16_base_e", 2, torch.bfloat16, h=4, d=40, seed=4),
+    Scenario("n3_empty_shards_and_padding", 3, torch.float16, b=5, masked=True, seed=5),
+    Scenario("n3_batch_of_zero", 3, torch.float16, b=0, seed=6),
+    Scenario("n3_heads_not_divisible", 3, torch.float16, h=4, seed=7),
+]
+BY_NAME = {s.name: s for s in SCENARIOS}
+
+
+@dataclass
+class DcpGroup:
+    """An engine's own group coordinator: any object with these three attributes will do."""
+
+    world_size: int
+    rank_in_group: int
+    device_group: object
+
+
+def scenario_inputs(sc: Scenario):
+    """(outs[N, B, H, D], lses[N, B, H] float32, seq_lens per rank or None, query_start_loc or
+    None, lses as the oracle must see them). Same on every rank and in the test process."""
+    from dcp_a2a.testing.data import partials
+
+    outs, lses = partials(sc.n, sc.b, sc.h, sc.d, sc.dtype, seed=sc.seed)
+    if not sc.masked:
+        return outs, lses, None, None, lses
+    outs, lses = outs.clone(), lses.clone()
+    # requests: rows [0,1) [1,3) [3,4); row 4 is padding. Rank 1 holds no KV of request 1,
+    # rank 2 none of request 2; their partials there are garbage and must never reach the merge.
+    qsl = torch.tensor([0, 1, 3, 4], dtype=torch.int32)
+    seq_lens = [torch.tensor([5, 7, 2], dtype=torch.int32) for _ in range(sc.n)]
+    seq_lens[1] = torch.tensor([5, 0, 2], dtype=torch.int32)
+    seq_lens[2] = torch.tensor([5, 7, 0], dtype=torch.int32)
+    outs[1, 1:3], lses[1, 1:3] = math.nan, 1e30
+    outs[2, 3], lses[2, 3] = math.inf, 80.0
+    outs[:, 4], lses[:, 4] = math.nan, 3.0
+    seen = lses.clone()
+    seen[1, 1:3] = -math.inf
+    seen[2, 3] = -math.inf
+    seen[:, 4] = -math.inf
+    return outs, lses, seq_lens, qsl, seen
+
+
+from dcp_a2a.testing.rankpool import cpu_rank_environment  # noqa: E402
+
+
+def _rank_main(rank: int, init_file: str, out_dir: str, spec: str) -> None:
+    os.environ["TRITON_INTERPRET"] = "1"  # CPU tensors over gloo, on any machine
+    import torch.distributed as dist
+
+    from dcp_a2a.testing.impl import load_impl
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
+                            world_size=WORLD, timeout=timedelta(seconds=PG_TIMEOUT_S))
+    groups = {WORLD: dist.group.WORLD}
+    for n in sorted({s.n for s in SCENARIOS} - {WORLD}):
+        groups[n] = dist.new_group(list(range(n)))  # collective: every rank creates every group
+    results = {}
+    try:
+        impl = load_impl(spec)
+        for sc in SCENARIOS:
+            if rank >= sc.n:
+                continue
+            outs, lses, seq_lens, qsl, _ = scenario_inputs(sc)
+            out, lse = outs[rank].clone(), lses[rank].clone()
+            out_bits = out.view(torch.int16 if out.element_size() == 2 else torch.int32).clone()
+            lse_before = lse.clone()
+            mask = {} if seq_lens is None else dict(seq_lens=seq_lens[rank], query_start_loc=qsl)
+            t0 = time.time()
+            try:
+                res = impl.lse_reduce(out, lse, DcpGroup(sc.n, rank, groups[sc.n]),
+                                      return_lse=sc.return_lse, is_lse_base_on_e=sc.base_e,
+                                      **mask)
+                rec = {"ok": True, "result": res}
+            except Exception as e:  # recorded per scenario; the test decides what it means
+                rec = {"ok": False, "error": type(e).__name__, "message": str(e),
+                       "traceback": traceback.format_exc()}
+            rec["seconds"] = time.time() - t0
+            rec["inputs_untouched"] = bool(
+                torch.equal(out.view(out_bits.dtype), out_bits) and torch.equal(lse, lse_before))
+            results[sc.name] = rec
+    except Exception:
+        results["__rank_error__"] = traceback.format_exc()
+    torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
+    try:
+        dist.destroy_process_group()
+    except Exception:
+        pass
+
+
+def run_group(spec: str, out_dir: Path) -> dict:
+    """Spawn WORLD ranks, wait (bounded), and return {"ranks": [results of rank r or None],
+    "problems": [text], "seconds": wall}."""
+    import torch.multiprocessing as mp
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    init_file = out_dir / "pg_init"
+    if init_file.exists():
+        init_file.unlink()
+    # One fork server imports torch once and forks the ranks from it: three concurrent spawns
+    # would import torch three times (seconds each on a 2-core machine). It is single-threaded,
+    # so forking it is safe, unlike forking a pytest worker.
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(["torch", "torch.distributed", "dcp_a2a.testing.impl", "dcp_a2a.testing.data",
+                                __name__])
+    t0 = time.time()
+    procs = [ctx.Process(target=_rank_main, args=(r, str(init_file), str(out_dir), spec),
+                         daemon=True) for r in range(WORLD)]
+    with cpu_rank_environment():  # gloo ranks hold CPU tensors: the interpreter, on any machine
+        for p in procs:
+            p.start()
+    problems = []
+    for r, p in enumerate(procs):
+        p.join(timeout=max(1.0, DEADLINE_S - (time.time() - t0)))
+        if p.is_alive():
+            p.kill()
+            p.join(5)
+            problems.append(f"rank {r} still running after {DEADLINE_S} s: killed")
+        elif p.exitcode != 0:
+            problems.append(f"rank {r} exited with code {p.exitcode}")
+    ranks = []
+    for r in range(WORLD):
+        f = out_dir / f"rank{r}.pt"
+        res = torch.load(f, weights_only=False) if f.exists() else None
+        if res is None:
+            problems.append(f"rank {r} saved no results")
+        elif "__rank_error__" in res:
+            problems.append(f"rank {r} failed outside any scenario:\n{res['__rank_error__']}")
+        ranks.append(res)
+    return {"ranks": ranks, "problems": problems, "seconds": time.time() - t0}

@@ -1,0 +1,67 @@
+"""Bounds for relations between two merged results, composed from dcp_a2a.tolerances.
+
+A metamorphic relation compares two outputs of the implementation, each within its own derived
+bound of its own float64 oracle; where the two oracles differ (rounded inputs, rounded
+intermediate results) the difference is propagated to first order in u. Nothing here is a new
+tolerance: every number comes from tolerances.yaml.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from dcp_a2a.testing import tolerances as tol
+from dcp_a2a.reference import combine_magnitude, lse_weighted_combine, sanitize_lse
+
+
+def u() -> float:
+    return tol.load()["fp32_unit_roundoff"]
+
+
+def rounding_ulps(dtype) -> float:
+    return tol.load()["a2a"][tol.dtype_name(dtype)]["output"]["rounding_ulps"]
+
+
+def weights(lses, base_e=True):
+    """Exact normalised weights [N, B, H] (float64; 0 for -inf ranks, rows of all -inf too)."""
+    s = sanitize_lse(lses)
+    m = s.amax(0)
+    m = torch.where(torch.isinf(m), torch.zeros_like(m), m)
+    e = torch.exp(s - m) if base_e else torch.exp2(s - m)
+    tot = e.sum(0)
+    return torch.where(tot > 0, e / torch.where(tot > 0, tot, torch.ones_like(tot)), 0.0)
+
+
+class Oracle:
+    """The float64 merge of ``outs[N, B, H, D]`` / ``lses[N, B, H]`` and its derived bounds."""
+
+    def __init__(self, outs, lses, base_e=True, kind="a2a"):
+        self.dtype, self.n = outs.dtype, outs.shape[0]
+        self.out, self.lse = lse_weighted_combine(outs, lses, return_lse=True,
+                                                  is_lse_base_on_e=base_e)
+        self.mag, self.shift_mag = combine_magnitude(outs, lses, base_e)
+        self.out_bound = tol.output_bound(self.out, self.mag, self.shift_mag, self.dtype,
+                                          self.n, kind)
+        self.lse_bound = tol.lse_bound(self.lse, self.dtype, self.n, base_e)
+
+
+def abs_diff(a, b):
+    """|a - b| in float64, 0 where both are equal (incl. equal infinities), inf for NaN."""
+    a, b = a.to(torch.float64), b.to(torch.float64)
+    d = torch.where(a == b, torch.zeros_like(a), (a - b).abs())
+    return torch.nan_to_num(d, nan=math.inf)
+
+
+def lse_rounding_shift(lses) -> torch.Tensor:
+    """max_n |fl32(s_n) - s_n| <= u max_n |s_n| per row [B, H]: how far rounding the LSEs to
+    float32 can move the merged LSE (and, doubled, the log of any weight)."""
+    s = sanitize_lse(lses)
+    s = torch.where(torch.isinf(s), torch.zeros_like(s), s)
+    return u() * s.abs().amax(0)
+
+
+def worst(excess: torch.Tensor, bound: torch.Tensor) -> float:
+    r = torch.where(excess == 0, torch.zeros_like(excess), excess / bound)
+    return float(r.max()) if r.numel() else 0.0

@@ -1,0 +1,116 @@
+"""Metamorphic relations of the merge, checked on the implementation under test directly
+(output against output), each within a bound composed from tolerances.yaml (_bounds.py).
+
+identity       a rank with LSE -inf and a NaN partial changes nothing (bitwise when appended)
+permutation    reordering the ranks stays within the bound
+associativity  merging groups, then the groups' results, equals merging all at once
+shift          s_n + c: same output, merged LSE + c
+base           a base-2 LSE times ln 2, merged in base-e mode, gives the base-2 result
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from dcp_a2a.testing.data import DTYPES, bits_view, partials
+from dcp_a2a.testing.conformance.numerics import _bounds
+
+pytestmark = [pytest.mark.numerics, pytest.mark.conformance]
+
+ids = str
+
+
+def _with_identity_rank(outs, lses, at):
+    bad_out = torch.full_like(outs[:1], math.nan)
+    bad_lse = torch.full_like(lses[:1], -math.inf)
+    return (torch.cat([outs[:at], bad_out, outs[at:]]), torch.cat([lses[:at], bad_lse, lses[at:]]))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=ids)
+def test_identity_rank_changes_nothing(exchange, merge_check, dtype):
+    outs, lses = partials(3, 1, 12, 20, dtype, seed=1)  # H = 12: divisible by 3 and 4
+    base, base_lse = exchange.merge(outs, lses)
+    o4, l4 = _with_identity_rank(outs, lses, 3)
+    out, lse = exchange.merge(o4, l4)
+    assert torch.equal(bits_view(out), bits_view(base)), "appending an identity rank changed bits"
+    assert torch.equal(bits_view(lse), bits_view(base_lse))
+    # anywhere else in the order: no NaN leaks, within the bound of the same merge
+    for at in (0, 1):
+        o4, l4 = _with_identity_rank(outs, lses, at)
+        out, lse = exchange.merge(o4, l4)
+        merge_check(out, lse, o4, l4)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=ids)
+def test_rank_permutation(exchange, dtype):
+    outs, lses = partials(4, 2, 8, 24, dtype, seed=2, spread=3.0)
+    out, lse = exchange.merge(outs, lses)
+    orc = _bounds.Oracle(outs, lses)
+    perm = torch.tensor([2, 0, 3, 1])
+    pout, plse = exchange.merge(outs[perm], lses[perm])
+    # both are within orc's bound of the same oracle
+    assert _bounds.worst(_bounds.abs_diff(pout, out), 2 * orc.out_bound) <= 1.0
+    assert _bounds.worst(_bounds.abs_diff(plse, lse), 2 * orc.lse_bound) <= 1.0
+
+
+@pytest.mark.parametrize("groups", [[[0, 1], [2, 3, 4, 5]], [[4, 1], [3, 0], [5, 2]]], ids=str)
+@pytest.mark.parametrize("dtype", DTYPES, ids=ids)
+def test_hierarchical_merge(exchange, dtype, groups):
+    """|hier - flat| <= B_final + sum_G W_G B_G + 2 max_G ε_G sum_G W_G|o_G*| + B_flat, with B
+    the output bounds and ε the LSE bounds of the stages (first order in u)."""
+    outs, lses = partials(6, 1, 12, 32, dtype, seed=3, spread=4.0)
+    flat, flat_lse = exchange.merge(outs, lses)
+    stage = [(exchange.merge(outs[g], lses[g]), _bounds.Oracle(outs[g], lses[g]))
+             for g in groups]
+    mid_out = torch.stack([o for (o, _), _ in stage])
+    mid_lse = torch.stack([s for (_, s), _ in stage])
+    hier, hier_lse = exchange.merge(mid_out, mid_lse)
+
+    final = _bounds.Oracle(mid_out, mid_lse)
+    flat_orc = _bounds.Oracle(outs, lses)
+    w = _bounds.weights(mid_lse)  # weights of the intermediate results
+    eps = torch.stack([o.lse_bound for _, o in stage]).amax(0)
+    exact_mid = torch.stack([o.out for _, o in stage])
+    carried = (w[..., None] * torch.stack([o.out_bound for _, o in stage])).sum(0)
+    moved = 2 * eps[..., None] * (w[..., None] * exact_mid.abs()).sum(0)
+    bound = final.out_bound + carried + moved + flat_orc.out_bound
+    assert _bounds.worst(_bounds.abs_diff(hier, flat), bound) <= 1.0
+    lse_bound = final.lse_bound + eps + flat_orc.lse_bound
+    assert _bounds.worst(_bounds.abs_diff(hier_lse, flat_lse), lse_bound) <= 1.0
+
+
+@pytest.mark.parametrize("c", [-1000.0, 37.0, 2048.0])
+@pytest.mark.parametrize("dtype", DTYPES, ids=ids)
+def test_lse_shift(exchange, dtype, c):
+    outs, lses = partials(4, 1, 16, 32, dtype, seed=4, spread=4.0)
+    # LSEs on a 2^-10 grid below 2^11 in magnitude: s + c is then exact in float32, so the two
+    # runs see mathematically shifted inputs and one oracle (up to the shift) covers both
+    lses = torch.round(lses * 1024) / 1024
+    shifted = lses + c
+    assert torch.equal(shifted.double(), lses.double() + c)
+    out, lse = exchange.merge(outs, lses)
+    sout, slse = exchange.merge(outs, shifted)
+    a, b = _bounds.Oracle(outs, lses), _bounds.Oracle(outs, shifted)
+    assert _bounds.worst(_bounds.abs_diff(sout, out), a.out_bound + b.out_bound) <= 1.0
+    moved = _bounds.abs_diff(slse.double() - c, lse.double())
+    assert _bounds.worst(moved, a.lse_bound + b.lse_bound) <= 1.0
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=ids)
+def test_base_2_lse_times_ln2_in_base_e(exchange, dtype):
+    """s2 (base 2) and se = fl32(s2 ln 2) differ by the rounding of se (<= u|se|), which moves
+    each weight by at most 2u max|se| relatively."""
+    outs, lses2 = partials(4, 1, 16, 32, dtype, seed=5, spread=5.0)
+    lses_e = (lses2.double() * math.log(2.0)).to(torch.float32)
+    out2, lse2 = exchange.merge(outs, lses2, is_lse_base_on_e=False)
+    oute, lsee = exchange.merge(outs, lses_e, is_lse_base_on_e=True)
+    o2, oe = _bounds.Oracle(outs, lses2, base_e=False), _bounds.Oracle(outs, lses_e)
+    shift = _bounds.lse_rounding_shift(lses_e)
+    bound = o2.out_bound + oe.out_bound + 2 * shift[..., None] * oe.mag
+    assert _bounds.worst(_bounds.abs_diff(oute, out2), bound) <= 1.0
+    lse_bound = oe.lse_bound + math.log(2.0) * o2.lse_bound + shift
+    assert _bounds.worst(_bounds.abs_diff(lsee.double(), lse2.double() * math.log(2.0)),
+                         lse_bound) <= 1.0

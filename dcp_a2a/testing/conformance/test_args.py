@@ -1,0 +1,123 @@
+"""Unit tier: the contract's argument handling. Bad input is a ValueError/TypeError that names
+the problem, before any kernel launch or collective."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dcp_a2a import Group
+from dcp_a2a.testing.data import partials
+
+pytestmark = [pytest.mark.unit, pytest.mark.conformance]
+
+FLOAT8 = [getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz",
+                                      "float8_e5m2fnuz", "float8_e8m0fnu") if hasattr(torch, n)]
+REJECTED = FLOAT8 + [torch.float64, torch.int8, torch.int16, torch.int32, torch.int64,
+                     torch.uint8, torch.bool, torch.complex64]
+
+
+@pytest.mark.parametrize("dtype,p", [(torch.float16, 2), (torch.bfloat16, 2), (torch.float32, 1)])
+def test_lse_pack_dim(impl, dtype, p):
+    assert impl.lse_pack_dim(dtype) == p
+
+
+@pytest.mark.parametrize("dtype", REJECTED, ids=str)
+def test_lse_pack_dim_rejects(impl, dtype):
+    with pytest.raises(ValueError, match=str(dtype).replace("torch.", "")):
+        impl.lse_pack_dim(dtype)
+
+
+def _pack_args(n=2, b=2, h=4, d=8, dtype=torch.float16):
+    outs, lses = partials(n, b, h, d, dtype)
+    p = 2 if dtype != torch.float32 else 1
+    send = torch.empty((n, b, h // n, d + p), dtype=dtype)
+    return dict(out=outs[0], lse=lses[0], send=send, world_size=n, h_per_rank=h // n,
+                head_dim=d, lse_pack_dim=p)
+
+
+@pytest.mark.parametrize("dtype", FLOAT8 + [torch.float64], ids=str)
+def test_pack_rejects_output_dtype(impl, dtype):
+    a = _pack_args()
+    a["out"] = a["out"].to(dtype)
+    with pytest.raises((ValueError, TypeError), match=str(dtype).replace("torch.", "")):
+        impl.pack_send(**a)
+
+
+def test_pack_rejects_heads_not_divisible(impl):
+    a = _pack_args()
+    outs, lses = partials(1, 2, 6, 8, torch.float16)
+    a.update(out=outs[0], lse=lses[0], world_size=4, h_per_rank=1,
+             send=torch.empty((4, 2, 1, 10), dtype=torch.float16))
+    with pytest.raises(ValueError, match="divisible"):
+        impl.pack_send(**a)
+
+
+@pytest.mark.parametrize("case", ["lse_shape", "send_shape", "send_dtype", "head_dim",
+                                  "pack_dim", "send_device", "seq_lens_alone", "qsl_alone"])
+def test_pack_rejects_inconsistent(impl, case):
+    a = _pack_args()
+    if case == "lse_shape":
+        a["lse"] = a["lse"][:, :3]
+        match = "lse"
+    elif case == "send_shape":
+        a["send"] = torch.empty((2, 2, 2, 9), dtype=torch.float16)
+        match = "send"
+    elif case == "send_dtype":
+        a["send"] = a["send"].to(torch.bfloat16)
+        match = "send|dtype"
+    elif case == "head_dim":
+        a["head_dim"] = 7
+        match = "head_dim"
+    elif case == "pack_dim":
+        a["lse_pack_dim"] = 1
+        match = "lse_pack_dim"
+    elif case == "send_device":
+        a["send"] = torch.empty(a["send"].shape, dtype=a["send"].dtype, device="meta")
+        match = "device"
+    elif case == "seq_lens_alone":
+        a["seq_lens"] = torch.ones(2, dtype=torch.int32)
+        match = "query_start_loc"
+    else:
+        a["query_start_loc"] = torch.tensor([0, 1, 2], dtype=torch.int32)
+        match = "seq_lens"
+    with pytest.raises(ValueError, match=match):
+        impl.pack_send(**a)
+
+
+@pytest.mark.parametrize("case", ["last_dim", "dtype", "pack_dim", "rank"])
+def test_unpack_rejects_bad_recv(impl, case):
+    recv = torch.zeros((2, 2, 2, 10), dtype=torch.float16)
+    head_dim, p = 8, 2
+    if case == "last_dim":
+        head_dim = 9
+    elif case == "dtype":
+        recv = recv.to(torch.float64)
+    elif case == "pack_dim":
+        p = 1
+    else:
+        recv = recv[0]
+    with pytest.raises(ValueError):
+        impl.unpack_combine(recv, head_dim, p, False, True)
+
+
+def test_lse_reduce_rejects_heads_not_divisible(impl):
+    outs, lses = partials(1, 2, 6, 8, torch.float16)
+    # the check must come before any collective: a group object that would fail if used
+    with pytest.raises(ValueError, match="divisible"):
+        impl.lse_reduce(outs[0], lses[0], Group(4, 0, None))
+
+
+def test_lse_reduce_rejects_fp8(impl):
+    if not FLOAT8:
+        pytest.skip("this torch has no float8 dtypes")
+    outs, lses = partials(1, 2, 4, 8, torch.float16)
+    with pytest.raises(ValueError, match="float8"):
+        impl.lse_reduce(outs[0].to(FLOAT8[0]), lses[0], Group(2, 0, None))
+
+
+def test_lse_reduce_rejects_mask_half_given(impl):
+    outs, lses = partials(1, 2, 4, 8, torch.float16)
+    with pytest.raises(ValueError, match="query_start_loc"):
+        impl.lse_reduce(outs[0], lses[0], Group(1, 0, None),
+                        seq_lens=torch.ones(2, dtype=torch.int32))

@@ -1,0 +1,33 @@
+"""``lse_reduce`` on a group of one: no exchange, the merge of one state is that state."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from dcp_a2a import Group
+from dcp_a2a.testing.data import DTYPES, partials
+
+pytestmark = [pytest.mark.kernel, pytest.mark.conformance]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_world_size_one_passes_through(impl, device, dtype):
+    """N = 1: no exchange; the merge of one state is that state (bitwise) and its LSE."""
+    outs, lses = partials(1, 4, 3, 20, dtype, device=device)
+    out, lse = impl.lse_reduce(outs[0], lses[0], Group(1, 0, None), return_lse=True)
+    assert torch.equal(out.cpu(), outs[0].cpu())
+    assert torch.equal(lse.cpu(), lses[0].cpu())
+
+
+def test_world_size_one_masks_empty_rows(impl, device):
+    outs, lses = partials(1, 3, 2, 8, torch.float16, device=device)
+    out, lse = impl.lse_reduce(
+        outs[0], lses[0], Group(1, 0, None), return_lse=True,
+        seq_lens=torch.tensor([3, 0], dtype=torch.int32, device=device),
+        query_start_loc=torch.tensor([0, 1, 2], dtype=torch.int32, device=device))
+    out, lse = out.cpu(), lse.cpu()
+    assert torch.equal(out[0], outs[0, 0].cpu()) and torch.all(out[1:] == 0)
+    assert torch.all(lse[1:] == -math.inf)

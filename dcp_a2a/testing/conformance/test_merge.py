@@ -1,0 +1,179 @@
+"""Conformance: unpack_combine (and lse_reduce on a group of one) against the float64 oracle.
+
+Receive buffers are assembled from the wire-format spec (_spec.py), so the
+merge is judged on its own, whatever the implementation's pack does. Errors are judged against
+the derived bound of tolerances.yaml through the ``merge_check`` fixture; LSEs are drawn in
+float32 with realistic spreads, so precision lost anywhere in the LSE path shows.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from dcp_a2a.testing.data import DTYPES, partials
+from dcp_a2a.testing.conformance._spec import build_recv, pack_dim, raw_bits
+from dcp_a2a.testing.data import heads_of
+
+pytestmark = pytest.mark.conformance
+
+
+class _OneRank:
+    """A DCP group of one, as an engine's own coordinator object (not dcp_a2a.Group). Its
+    device_group is None: a group of one must never touch a process group."""
+
+    world_size = 1
+    rank_in_group = 0
+    device_group = None
+
+
+def _merge(impl, outs, lses, rank, *, return_lse=True, base_e=True):
+    """``rank``'s merge of the partials ``outs[N, B, H, D]``, ``lses[N, B, H]``: the spec's
+    receive buffer through the implementation's unpack_combine. (The receive buffer of any
+    rank exercises the same merge; the Triton interpreter makes every extra call count.)"""
+    d = outs.shape[-1]
+    return impl.unpack_combine(build_recv(outs, lses, rank), d, impl.lse_pack_dim(outs.dtype),
+                               return_lse, base_e)
+
+
+@pytest.mark.parametrize("base_e", [True, False], ids=["base_e", "base_2"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_merge_within_bound_at_volume(impl, device, merge_check, dtype, base_e):
+    """Every element within the derived per-element bound (2048 elements a case: enough that
+    a truncating cast, 16-bit weights or a rounded LSE cannot hide), the returned LSE float32
+    and within its own bound."""
+    n, b, h, d = 4, 4, 32, 64
+    outs, lses = partials(n, b, h, d, dtype, seed=101 + int(base_e), device=device)
+    r = 2
+    out, lse = _merge(impl, outs, lses, r, base_e=base_e)
+    assert out.dtype == dtype and tuple(out.shape) == (b, h // n, d)
+    assert lse.dtype == torch.float32 and tuple(lse.shape) == (b, h // n)
+    merge_check(out.cpu(), lse.cpu(), outs.cpu(), lses.cpu(), is_lse_base_on_e=base_e,
+                heads=heads_of(r, n, h))
+
+
+@pytest.mark.parametrize("base_e", [True, False], ids=["base_e", "base_2"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_huge_lse_spreads_do_not_overflow(impl, device, merge_check, dtype, base_e):
+    """LSEs far outside exp's range (|s| up to 1e4, spreads of thousands) merge without
+    inf/NaN: the weights must be formed relative to the row max."""
+    n, b, h, d = 4, 4, 4, 8
+    outs, _ = partials(n, b, h, d, dtype, seed=3, device=device)
+    lses = torch.tensor([[1e4, 95.0, -1e4, 300.0],
+                         [1e4 - 0.5, 90.0, -1e4 + 3.0, -300.0],
+                         [-5e3, 100.0, -1e4 + 1.0, 250.0],
+                         [1e4 - 2.0, 99.0, -2e4, 310.0]], dtype=torch.float32)
+    lses = lses[:, :, None].expand(n, b, h).contiguous().to(device)
+    out, lse = _merge(impl, outs, lses, 1, base_e=base_e)
+    assert torch.isfinite(out).all() and torch.isfinite(lse).all()
+    merge_check(out.cpu(), lse.cpu(), outs.cpu(), lses.cpu(), is_lse_base_on_e=base_e,
+                heads=heads_of(1, n, h))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_zero_weight_never_lets_nan_in(impl, device, merge_check, dtype):
+    """A merge with LSE -inf (or NaN/+inf, which count as -inf) is the identity, even when the
+    partial is NaN or inf; a row with every rank at -inf gives 0 and LSE -inf."""
+    n, b, h, d = 3, 4, 6, 6
+    outs, lses = partials(n, b, h, d, dtype, seed=17, device=device)
+    outs, lses = outs.clone(), lses.clone()
+    lses[0, 0], outs[0, 0] = -math.inf, math.nan
+    lses[1, 1], outs[1, 1] = math.nan, math.inf
+    lses[2, 2], outs[2, 2] = math.inf, math.nan
+    lses[:, 3], outs[:, 3] = -math.inf, math.nan
+    out, lse = (t.cpu() for t in _merge(impl, outs, lses, 1))
+    assert not torch.isnan(out).any(), "NaN leaked through a zero weight"
+    assert torch.all(out[3] == 0) and torch.all(lse[3] == -math.inf)
+    merge_check(out, lse, outs.cpu(), lses.cpu(), heads=heads_of(1, n, h))
+
+
+def test_repeatable_and_batch_invariant(impl, device):
+    """The same inputs give the same bits, call after call, and a row's result does not depend
+    on the batch around it (float32, 8 ranks: any change of summation order shows)."""
+    n, b, h, d = 8, 4, 16, 32
+    outs, lses = partials(n, b, h, d, torch.float32, seed=23, spread=2.0, device=device)
+    recv = build_recv(outs, lses, 1)
+    first = impl.unpack_combine(recv, d, 1, True, True)
+    for _ in range(2):
+        again = impl.unpack_combine(recv.clone(), d, 1, True, True)
+        for a, e in zip(again, first):
+            assert torch.equal(a, e), "unpack_combine is not bitwise repeatable"
+    for row in (0, b - 1):
+        alone = impl.unpack_combine(recv[:, row:row + 1].contiguous(), d, 1, True, True)
+        assert torch.equal(alone[0][0], first[0][row]), f"row {row} depends on its batch"
+        assert torch.equal(alone[1][0], first[1][row])
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_group_of_one_is_a_pass_through(impl, device, dtype):
+    """lse_reduce on a group of one returns the partial itself, bit for bit, and its LSE as
+    float32 (base e or 2 alike), without a process group; the inputs are left untouched."""
+    b, h, d = 3, 4, 20
+    outs, lses = partials(1, b, h, d, dtype, seed=41, device=device)
+    out, lse = outs[0], lses[0]
+    before = raw_bits(out).copy()
+    for base_e in (True, False):
+        got, got_lse = impl.lse_reduce(out, lse, _OneRank(), return_lse=True,
+                                       is_lse_base_on_e=base_e)
+        assert got.dtype == dtype and tuple(got.shape) == (b, h, d)
+        assert (raw_bits(got) == raw_bits(out)).all(), "group of one changed the output"
+        assert got_lse.dtype == torch.float32 and torch.equal(got_lse, lse)
+    only = impl.lse_reduce(out, lse, _OneRank())
+    assert isinstance(only, torch.Tensor) and (raw_bits(only) == raw_bits(out)).all()
+    assert (raw_bits(out) == before).all(), "lse_reduce modified its input"
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_group_of_one_masks_empty_and_padding_rows(impl, device, dtype):
+    """Rows whose request has no local KV and padding rows merge to 0 with LSE -inf even on a
+    group of one, whatever garbage the partial holds there."""
+    b, h, d = 6, 2, 12
+    outs, lses = partials(1, b, h, d, dtype, seed=43, device=device)
+    out, lse = outs[0].clone(), lses[0].clone()
+    qsl = torch.tensor([0, 1, 3, 4], dtype=torch.int64, device=device)  # rows 4, 5: padding
+    seq_lens = torch.tensor([5, 0, 9], dtype=torch.int64, device=device)  # rows 1, 2: no KV
+    out[1:3], lse[1:3] = math.nan, 1e30
+    out[4:], lse[4:] = math.nan, 50.0
+    got, got_lse = impl.lse_reduce(out, lse, _OneRank(), return_lse=True, seq_lens=seq_lens,
+                                   query_start_loc=qsl)
+    for row in (1, 2, 4, 5):
+        assert torch.all(got[row] == 0), f"masked row {row} produced {got[row].flatten()[:4]}"
+        assert torch.all(got_lse[row] == -math.inf)
+    for row in (0, 3):
+        assert (raw_bits(got[row]) == raw_bits(out[row])).all()
+        assert torch.equal(got_lse[row], lse[row])
+
+
+def _float8_dtypes():
+    return [getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz",
+                                        "float8_e5m2fnuz") if hasattr(torch, n)]
+
+
+@pytest.mark.parametrize("dtype", _float8_dtypes() + [torch.float64], ids=str)
+def test_unsupported_output_dtypes_rejected_everywhere(impl, device, dtype):
+    """No wire format exists for float8 (cannot carry the float32 LSE bits) or float64: every
+    entry point says so with a ValueError naming the dtype, instead of a silent layout."""
+    name = str(dtype).replace("torch.", "")
+    with pytest.raises(ValueError, match=name):
+        impl.lse_pack_dim(dtype)
+    outs, lses = partials(1, 2, 2, 8, torch.float32, seed=1, device=device)
+    with pytest.raises(ValueError, match=name):
+        impl.lse_reduce(outs[0].to(dtype), lses[0], _OneRank())
+
+
+@pytest.mark.parametrize("h,n", [(6, 4), (5, 2)])
+def test_heads_not_divisible_is_a_value_error(impl, device, h, n):
+    """H % N != 0 is refused before any collective (group with no process group: a hang or an
+    attribute error would mean the check came too late), never silently truncated."""
+
+    class Group:
+        world_size, rank_in_group, device_group = n, 0, None
+
+    outs, lses = partials(1, 2, h, 8, torch.float16, seed=2, device=device)
+    with pytest.raises(ValueError, match="divisible"):
+        impl.lse_reduce(outs[0], lses[0], Group())
+    send = torch.empty((n, 2, h // n, 10), dtype=torch.float16, device=device)
+    with pytest.raises(ValueError, match="divisible"):
+        impl.pack_send(outs[0], lses[0], send, n, h // n, 8, pack_dim(torch.float16))

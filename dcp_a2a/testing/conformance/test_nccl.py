@@ -1,0 +1,38 @@
+"""The contract on real NCCL groups: rank r on cuda:r, an NCCL group of 2 (and 4 where there
+are 4 GPUs). Skipped with the reason on machines with fewer GPUs."""
+
+from __future__ import annotations
+
+import pytest
+
+from dcp_a2a.testing.data import DTYPES, partials
+from dcp_a2a.testing.groups import masked_partials, run_cases
+from dcp_a2a.testing.plugin import need_gpus as _need
+from dcp_a2a.testing.data import heads_of
+
+pytestmark = [pytest.mark.multigpu, pytest.mark.multiproc, pytest.mark.conformance]
+
+
+@pytest.mark.parametrize("n", [2, 4])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_nccl_matches_oracle(nccl_pool, merge_check, impl, n, dtype):
+    _need(n)
+    cases, data, oracle = [], [], []
+    for i, base_e in enumerate((True, False)):
+        outs, lses = partials(n, 16, 16 * n, 96, dtype, seed=40 + n + i)
+        cases.append(dict(return_lse=True, base_e=base_e, query_start_loc=None, backend=None))
+        data.append((outs, lses, None))
+        oracle.append(lses)
+        outs, lses, oracle_lses, seq_lens, qsl = masked_partials(n, dtype, seed=90 + i, hpr=4,
+                                                                 d=72)
+        cases.append(dict(return_lse=True, base_e=base_e, query_start_loc=qsl, backend=None))
+        data.append((outs, lses, seq_lens))
+        oracle.append(oracle_lses)
+    results = run_cases(nccl_pool, n, cases, data)
+    for r in range(n):
+        for case, (outs, _, _), o_lses, res in zip(cases, data, oracle, results[r]):
+            assert res["inputs_intact"]
+            merge_check(res["out"], res["lse"], outs, o_lses, is_lse_base_on_e=case["base_e"],
+                        heads=heads_of(r, n, outs.shape[2]))
+
+

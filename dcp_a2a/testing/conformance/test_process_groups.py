@@ -1,0 +1,87 @@
+"""Conformance on real process groups: ``lse_reduce`` across 2 and 3 gloo ranks.
+
+Each rank holds a different partial; every rank's result must be the oracle's merge of all
+ranks' partials restricted to its own heads [r*H/N, (r+1)*H/N). This is where an exchange that
+is skipped, goes to the wrong peers, or maps heads to the wrong rank shows — none of which a
+single-process test can see. See _ranks.py for the scenarios.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+
+import pytest
+import torch
+from filelock import FileLock
+
+from dcp_a2a.testing.conformance._ranks import BY_NAME, SCENARIOS, run_group, scenario_inputs
+from dcp_a2a.testing.data import heads_of
+
+pytestmark = [pytest.mark.conformance, pytest.mark.multiproc]
+
+
+@pytest.fixture(scope="session")
+def group_results(impl, tmp_path_factory):
+    """The ranks' results, computed once per session and shared by the xdist workers."""
+    run_id = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    root = tmp_path_factory.getbasetemp()
+    if run_id:  # workers of one run share the parent of their base temp dirs
+        root = root.parent
+    key = hashlib.sha1(f"{run_id}:{impl.spec}".encode()).hexdigest()[:12]
+    out_dir = root / f"conformance-ranks-{key}"
+    with FileLock(str(out_dir) + ".lock"):
+        done = out_dir / "results.pt"
+        if done.exists():
+            return torch.load(done, weights_only=False)
+        res = run_group(impl.spec, out_dir)
+        torch.save(res, done)
+        return res
+
+
+def _rank_record(group_results, sc, r):
+    ranks = group_results["ranks"]
+    rec = None if ranks[r] is None else ranks[r].get(sc.name)
+    if rec is None:
+        pytest.fail(f"rank {r} has no result for {sc.name}; "
+                    + "; ".join(group_results["problems"] or ["no reason recorded"]))
+    return rec
+
+
+MERGES = [s.name for s in SCENARIOS if s.h % s.n == 0]
+
+
+@pytest.mark.parametrize("name", MERGES)
+def test_every_rank_gets_the_merge_of_its_heads(impl, group_results, merge_check, name):
+    sc = BY_NAME[name]
+    outs, _, _, _, seen = scenario_inputs(sc)
+    for r in range(sc.n):
+        rec = _rank_record(group_results, sc, r)
+        if not rec["ok"]:
+            pytest.fail(f"rank {r} raised {rec['error']}: {rec['message']}\n{rec['traceback']}")
+        res = rec["result"]
+        out, lse = res if sc.return_lse else (res, None)
+        assert isinstance(out, torch.Tensor), f"rank {r} returned {type(out).__name__}"
+        assert out.dtype == sc.dtype and tuple(out.shape) == (sc.b, sc.h // sc.n, sc.d), \
+            f"rank {r}: got {out.dtype} {tuple(out.shape)}"
+        if sc.b == 0:
+            continue
+        try:
+            merge_check(out, lse, outs, seen, is_lse_base_on_e=sc.base_e,
+                        heads=heads_of(r, sc.n, sc.h))
+        except AssertionError as e:
+            raise AssertionError(f"rank {r} of {sc.n}: {e}") from None
+        assert rec["inputs_untouched"], f"rank {r}: lse_reduce modified its out/lse"
+
+
+@pytest.mark.parametrize("name", [s.name for s in SCENARIOS if s.h % s.n])
+def test_bad_input_raises_on_every_rank_without_hanging(impl, group_results, name):
+    """A ValueError on every rank, before any rank enters a collective (otherwise the others
+    would wait in it until the process-group timeout)."""
+    sc = BY_NAME[name]
+    for r in range(sc.n):
+        rec = _rank_record(group_results, sc, r)
+        assert not rec["ok"] and rec["error"] == "ValueError", \
+            f"rank {r}: expected ValueError, got " + (rec.get("error") or "a result")
+        assert "divisible" in rec["message"]
+        assert rec["seconds"] < 10, f"rank {r} took {rec['seconds']:.1f} s to raise"

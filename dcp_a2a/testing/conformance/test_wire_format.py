@@ -1,0 +1,133 @@
+"""Conformance: pack_send writes exactly the wire format of the spec, bit for bit.
+
+The expected buffer is assembled from the spec by _spec.py, never by an
+implementation, so a pack and an unpack that agree with each other but not with the wire
+format (the peer of another engine would misread them) fail here.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from dcp_a2a.testing.data import DTYPES, partials, poison_like
+from dcp_a2a.testing.conformance._spec import expected_send, pack_dim, raw_bits
+
+pytestmark = pytest.mark.conformance
+
+
+def _pack(impl, out, lse, n, **mask):
+    b, h, d = out.shape
+    p = impl.lse_pack_dim(out.dtype)
+    send = poison_like(torch.empty((n, b, h // n, d + p), dtype=out.dtype, device=out.device))
+    impl.pack_send(out, lse, send, n, h // n, d, p, **mask)
+    return send
+
+
+def _assert_wire_equal(send, expected):
+    got = raw_bits(send)
+    if not np.array_equal(got, expected):
+        bad = np.argwhere(got != expected)
+        first = tuple(int(i) for i in bad[0])
+        d_plus_p = send.shape[-1]
+        lane = "LSE lane" if first[-1] >= d_plus_p - pack_dim(send.dtype) else "output lane"
+        raise AssertionError(
+            f"{len(bad)} of {got.size} wire words differ from the spec; first at "
+            f"[peer, row, head, lane] = {first} ({lane}): got {got[first]:#x}, "
+            f"expected {expected[first]:#x}")
+
+
+@pytest.mark.parametrize("n,d", [(2, 80), (4, 24)], ids=["N2-D80", "N4-D24"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_send_buffer_matches_spec(impl, device, dtype, n, d):
+    """Peer-major slices of contiguous head blocks, the output bit for bit, the float32 LSE in
+    the trailing lanes (low half first) — and the inputs left untouched."""
+    outs, lses = partials(1, 3, 2 * n, d, dtype, seed=31 * n + d, device=device)
+    out, lse = outs[0], lses[0]
+    out_before, lse_before = out.clone(), lse.clone()
+    send = _pack(impl, out, lse, n)
+    _assert_wire_equal(send, expected_send(out, lse, n))
+    assert torch.equal(raw_bits_t(out), raw_bits_t(out_before)), "pack_send modified out"
+    assert torch.equal(lse, lse_before), "pack_send modified lse"
+
+
+def raw_bits_t(t):
+    return torch.from_numpy(raw_bits(t).astype(np.int64))
+
+
+@pytest.mark.parametrize("lse_dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_16bit_lse_is_widened_not_reinterpreted(impl, device, dtype, lse_dtype):
+    """An LSE handed over in bf16/fp16 is converted to float32 by value (exact), never by
+    reinterpreting its 16 bits as part of a float32."""
+    n, b, h, d = 2, 3, 4, 12
+    outs, lses = partials(1, b, h, d, dtype, seed=5, device=device)
+    lse = lses[0].to(lse_dtype)
+    send = _pack(impl, outs[0], lse, n)
+    _assert_wire_equal(send, expected_send(outs[0], lse, n))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_lse_special_values_carried_exactly(impl, device, dtype):
+    """Every float32 LSE bit pattern that the merge gives meaning to goes over the wire as is:
+    -inf, +inf, -0.0, the largest finite, subnormals, values the output dtype cannot hold."""
+    n, b, h, d = 2, 2, 8, 4
+    specials = torch.tensor([-math.inf, math.inf, -0.0, 3.4028234663852886e38,
+                             1e-45, -2.5e-40, 12345.678, -70000.5], dtype=torch.float32)
+    outs, _ = partials(1, b, h, d, dtype, seed=1, device=device)
+    lse = torch.stack([specials, specials.flip(0)]).to(device)
+    send = _pack(impl, outs[0], lse, n)
+    _assert_wire_equal(send, expected_send(outs[0], lse, n))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_masked_rows_go_out_as_minus_inf(impl, device, dtype):
+    """seq_lens/query_start_loc: rows of requests with no local KV, and padding rows at or
+    beyond query_start_loc[-1], carry LSE -inf; every other lane is unchanged."""
+    n, b, h, d = 2, 7, 4, 10
+    outs, lses = partials(1, b, h, d, dtype, seed=9, device=device)
+    qsl = torch.tensor([0, 2, 3, 5], dtype=torch.int32, device=device)  # rows 5, 6: padding
+    seq_lens = torch.tensor([7, 0, 3], dtype=torch.int32, device=device)  # request 1: row 2
+    send = _pack(impl, outs[0], lses[0], n, seq_lens=seq_lens, query_start_loc=qsl)
+    empty = [False, False, True, False, False, True, True]
+    _assert_wire_equal(send, expected_send(outs[0], lses[0], n, empty_rows=empty))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_non_contiguous_inputs(impl, device, dtype):
+    """Strided out/lse (a head slice of a larger tensor, a transposed LSE) are read through
+    their strides."""
+    n, b, h, d = 2, 3, 4, 16
+    outs, lses = partials(1, b, 2 * h, d + 5, dtype, seed=13, device=device)
+    out = outs[0][:, ::2, 3:3 + d]
+    lse = lses[0].t().contiguous().t()[:, 1::2]
+    assert not out.is_contiguous() and not lse.is_contiguous()
+    send = _pack(impl, out, lse, n)
+    _assert_wire_equal(send, expected_send(out, lse, n))
+
+
+@pytest.mark.parametrize("offset", [0, 24], ids=["send_at_out", "send_before_out"])
+def test_staging_buffer_overlapping_out(impl, device, offset):
+    """A send buffer carved from the same memory as the attention output it packs (a shipped
+    bug: the pack overwrote its own input). The implementation must refuse it with a
+    ValueError, or else produce exactly the right bytes; silently corrupted bytes fail."""
+    n, b, h, d = 2, 4, 4, 8
+    dtype = torch.float16
+    outs, lses = partials(1, b, h, d, dtype, seed=21, device=device)
+    p = pack_dim(dtype)
+    numel = n * b * (h // n) * (d + p)
+    workspace = torch.zeros(numel + b * h * d + 64, dtype=dtype, device=device)
+    out = workspace[offset: offset + b * h * d].view(b, h, d)
+    out.copy_(outs[0])
+    pristine = out.clone()
+    send = workspace[:numel].view(n, b, h // n, d + p)
+    try:
+        impl.pack_send(out, lses[0], send, n, h // n, d, p)
+    except ValueError:
+        assert torch.equal(raw_bits_t(out), raw_bits_t(pristine)), \
+            "pack_send raised, but only after it had overwritten out"
+        return
+    _assert_wire_equal(send, expected_send(pristine, lses[0], n))

@@ -1,0 +1,41 @@
+"""Random attention partials for the tests: every rank's out[B, H, D] and lse[B, H].
+
+LSEs are drawn in float32 with realistic spreads (decode partials over KV shards of different
+lengths differ by a few nats; some rows by tens), not only in the output dtype, so precision loss
+in the LSE path cannot hide behind coarse inputs.
+"""
+
+from __future__ import annotations
+
+import torch
+
+DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def partials(n: int, b: int, h: int, d: int, dtype: torch.dtype, *, seed: int = 0,
+             spread: float = 4.0, out_scale: float = 1.0, device="cpu"):
+    """(outs[N, B, H, D] in ``dtype``, lses[N, B, H] float32) with a per-row offset and
+    per-rank spread; ``spread`` is the std of the LSE differences between ranks."""
+    g = torch.Generator().manual_seed(seed)
+    outs = (torch.randn(n, b, h, d, generator=g) * out_scale).to(dtype)
+    base = torch.randn(1, b, h, generator=g) * 8.0 + 5.0
+    lses = (base + torch.randn(n, b, h, generator=g) * spread).to(torch.float32)
+    return outs.to(device), lses.to(device)
+
+
+def poison_like(t: torch.Tensor) -> torch.Tensor:
+    """A tensor shaped like ``t`` full of NaN (float) or a sentinel (int): kernels must
+    overwrite every element they own."""
+    if t.dtype.is_floating_point:
+        return torch.full_like(t, float("nan"))
+    return torch.full_like(t, -0x5A5A)
+
+
+def bits_view(t: torch.Tensor) -> torch.Tensor:
+    return t.view({2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()])
+
+
+def heads_of(rank: int, world_size: int, heads: int) -> slice:
+    """The global heads [r*H/N, (r+1)*H/N) that rank r owns after the exchange."""
+    hpr = heads // world_size
+    return slice(rank * hpr, (rank + 1) * hpr)

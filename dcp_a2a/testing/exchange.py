@@ -1,0 +1,80 @@
+"""The N-rank exchange in one process through the contract functions only, for ANY
+implementation: every rank packs its partial with ``impl.pack_send`` into a poisoned send buffer,
+the all-to-all is :func:`dcp_a2a.inprocess.all_to_all` (``recv_r[src] = send_src[r]``), and
+each destination rank merges its heads with ``impl.unpack_combine``.
+
+    outs[N, B, H, D]  every rank's partial, in the output dtype
+    lses[N, B, H]     every rank's LSE (float32, bfloat16 or float16)
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..inprocess import all_to_all
+from .data import heads_of, poison_like
+
+
+def pack_all(impl, outs, lses, *, seq_lens=None, query_start_loc=None):
+    """Send buffers ``[N, B, H/N, D+P]`` of every rank, each poisoned before the kernel writes
+    it. ``seq_lens`` is None or one tensor per rank."""
+    n, b, h, d = outs.shape
+    p = impl.lse_pack_dim(outs.dtype)
+    sends = []
+    for r in range(n):
+        send = poison_like(torch.empty((n, b, h // n, d + p), dtype=outs.dtype,
+                                       device=outs.device))
+        impl.pack_send(outs[r], lses[r], send, n, h // n, d, p,
+                       seq_lens=None if seq_lens is None else seq_lens[r],
+                       query_start_loc=query_start_loc)
+        sends.append(send)
+    return sends
+
+
+def exchange(sends):
+    """Every rank's receive buffer (fresh, contiguous): ``recv[r][src] = sends[src][r]``."""
+    return all_to_all(sends)
+
+
+def merge_all(impl, outs, lses, *, return_lse, base_e, ranks=None, **mask):
+    """Every rank's (or only ``ranks``') unpack_combine result; None for the others."""
+    d = outs.shape[-1]
+    p = impl.lse_pack_dim(outs.dtype)
+    recvs = exchange(pack_all(impl, outs, lses, **mask))
+    return [impl.unpack_combine(recv, d, p, return_lse, base_e)
+            if ranks is None or r in ranks else None for r, recv in enumerate(recvs)]
+
+
+def merge(impl, outs, lses, *, is_lse_base_on_e=True, return_lse=True):
+    """The full merged ``out[B, H, D]`` (every rank's heads, in rank order) and float32
+    ``lse[B, H]`` (None without ``return_lse``)."""
+    got = merge_all(impl, outs, lses, return_lse=return_lse, base_e=is_lse_base_on_e)
+    if return_lse:
+        return torch.cat([o for o, _ in got], dim=1), torch.cat([g for _, g in got], dim=1)
+    return torch.cat(got, dim=1), None
+
+
+def merge_rank(impl, outs, lses, rank, *, is_lse_base_on_e=True, return_lse=True):
+    """Rank ``rank``'s merged ``(out[B, H/N, D], lse[B, H/N] or None)`` and the heads it owns."""
+    n, _, h, _ = outs.shape
+    res = merge_all(impl, outs, lses, return_lse=return_lse, base_e=is_lse_base_on_e,
+                    ranks={rank})[rank]
+    return (res if return_lse else (res, None)), heads_of(rank, n, h)
+
+
+class Exchange:
+    """``merge`` / ``merge_rank`` bound to an implementation and a device; CPU in, CPU out."""
+
+    def __init__(self, impl, device="cpu"):
+        self.impl, self.device = impl, device
+
+    def _to(self, outs, lses):
+        return outs.to(self.device), lses.to(self.device)
+
+    def merge(self, outs, lses, **kw):
+        out, lse = merge(self.impl, *self._to(outs, lses), **kw)
+        return out.cpu(), None if lse is None else lse.cpu()
+
+    def merge_rank(self, outs, lses, rank, **kw):
+        (out, lse), heads = merge_rank(self.impl, *self._to(outs, lses), rank, **kw)
+        return (out.cpu(), None if lse is None else lse.cpu()), heads

@@ -1,0 +1,167 @@
+"""pytest plugin of the suite: the implementation under test, devices, the merge check, the
+pool of ranks, and the tier markers.
+
+Loaded by ``tests/conftest.py`` and by the shipped conformance suite's ``conftest.py``
+(``pytest --pyargs dcp_a2a.testing.conformance --impl SPEC``), so both run with the same
+fixtures from any directory. Importing it imports :mod:`dcp_a2a`, which turns Triton's
+interpreter on where there is no CUDA (before any kernel is defined).
+
+Options: ``--impl SPEC`` (or ``$DCP_A2A_IMPL``): the implementation under test, see
+:mod:`dcp_a2a.testing.impl`. A spec that cannot be loaded is one usage error at start-up.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+import dcp_a2a  # noqa: F401  (chooses compiled or interpreted Triton before any kernel exists)
+
+from .impl import DEFAULT_SPEC, ENV_VAR, load_impl
+
+MARKERS = {
+    "unit": "fast pure-host tests (argument checks, reference math on hand-computed cases)",
+    "kernel": "Triton kernels against the reference (interpreter on CPU, compiled on CUDA)",
+    "multiproc": "real torch.distributed process groups (gloo ranks; on GPU machines the ranks "
+                 "compute on the GPUs)",
+    "conformance": "contract-level tests that run against any implementation (--impl)",
+    "numerics": "error-bound, metamorphic, statistical and determinism tests",
+    "gpu": "needs a CUDA GPU; skipped with the reason elsewhere",
+    "multigpu": "needs >= 2 CUDA GPUs; skipped with the reason elsewhere",
+    "e2e": "end-to-end model accuracy (tiny model in CI; real model by hand)",
+    "slow": "long-running; excluded from the quick subset",
+    "selfcheck": "runs the conformance tier against every mutant (minutes); not part of any "
+                 "validate tier",
+}
+
+# The pool of the multi-process tests: a WORLD of 8 ranks with subgroups of ranks {0,1},
+# {0,1,2} and {0..3}, so DCP groups of N = 2, 3, 4 and 8 share one start-up. A collective that a
+# peer never joins fails after PG_TIMEOUT_S on the waiting rank; the parent's watchdog
+# (TASK_TIMEOUT_S) is the backstop. Both well under any CI cap.
+POOL_WORLD = 8
+GROUP_SIZES = (2, 3, 4, 8)
+PG_TIMEOUT_S = 20.0
+TASK_TIMEOUT_S = 60.0
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--impl", default=None,
+        help="implementation under test: package.module or package.module:attr "
+             f"(default: ${ENV_VAR} or {DEFAULT_SPEC}; 'vllm' for the installed vLLM)",
+    )
+
+
+def pytest_configure(config):
+    for name, text in MARKERS.items():
+        config.addinivalue_line("markers", f"{name}: {text}")
+    spec = config.getoption("--impl") or os.environ.get(ENV_VAR) or DEFAULT_SPEC
+    if not hasattr(config, "workerinput"):  # once, in the controller: a usage error, not N errors
+        try:
+            load_impl(spec)
+        except ValueError as e:
+            raise pytest.UsageError(f"--impl {spec}: {e}") from None
+    # workers (xdist, the rank pools) inherit the choice through the environment
+    os.environ[ENV_VAR] = spec
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests on the pool of ranks share one worker under ``--dist loadgroup``: one pool of 8
+    ranks instead of one per xdist worker (on a GPU machine each rank holds a CUDA context)."""
+    for item in items:
+        if "rank_pool" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group("rank_pool"))
+
+
+@pytest.fixture(scope="session")
+def impl():
+    """The implementation under test (see dcp_a2a.testing.impl). Contract tests use only this."""
+    return load_impl(os.environ[ENV_VAR])
+
+
+@pytest.fixture(scope="session")
+def project_only(impl):
+    """Skip tests of project-specific extras (backend=, in-process driver) on foreign impls."""
+    if not impl.is_project:
+        pytest.skip(f"project-specific test; implementation under test is {impl.spec}")
+
+
+def _devices():
+    return ["cuda"] if torch.cuda.is_available() else ["cpu"]
+
+
+@pytest.fixture(params=_devices())
+def device(request):
+    """Where kernel tests run: the CPU (interpreted Triton) or, on a GPU machine, CUDA."""
+    return torch.device(request.param)
+
+
+def require(impl, *names):
+    for n in names:
+        if not impl.has(n):
+            pytest.skip(f"implementation {impl.spec} has no {n}")
+
+
+@pytest.fixture
+def merge_check(request):
+    """Compare a merged result with the float64 oracle (dcp_a2a.testing.compare.check_merge),
+    fail with the error in ulps and as a ratio to the bound, and record the report on the test
+    so the validation report can show headroom and the error distribution."""
+    from .compare import check_merge
+
+    def _check(actual_out, actual_lse, outputs, lses, **kwargs):
+        rep = check_merge(actual_out, actual_lse, outputs, lses, **kwargs)
+        request.node.user_properties.append(("merge_report", rep.as_dict()))
+        if not rep.ok:
+            raise AssertionError(rep.describe())
+        return rep
+
+    return _check
+
+
+@pytest.fixture
+def exchange(impl, device):
+    """The N-rank exchange of the implementation under test in this process, on the test
+    device (see dcp_a2a.testing.exchange)."""
+    from .exchange import Exchange
+
+    return Exchange(impl, device)
+
+
+@pytest.fixture(scope="session")
+def rank_pool():
+    """One pool of real gloo ranks per test process, started on first use (its ranks compute
+    on the GPUs where there are any, else on the CPU through Triton's interpreter). Closed at
+    the end of the session; every rank it ever had must then be gone."""
+    from .tasks import new_pool, pid_alive
+
+    pool = new_pool(POOL_WORLD, subgroup_sizes=[n for n in GROUP_SIZES if n < POOL_WORLD],
+                    pg_timeout=PG_TIMEOUT_S, task_timeout=TASK_TIMEOUT_S)
+    yield pool
+    pool.close()
+    left = [p for p in pool.spawned_pids if pid_alive(p)]
+    assert not left, f"rank processes left after closing the pool: {left}"
+
+
+def need_gpus(n: int) -> None:
+    """Skip unless this machine has ``n`` CUDA GPUs (an NCCL group needs a GPU per rank)."""
+    from .rankpool import gpu_count
+
+    have = gpu_count()
+    if have < n:
+        pytest.skip(f"needs >= {n} CUDA GPUs for an NCCL group of {n}; this machine has {have}")
+
+
+@pytest.fixture(scope="module")
+def nccl_pool():
+    """An NCCL pool of 2 ranks (4 where there are 4 GPUs, with a subgroup of 2)."""
+    from .rankpool import RankPool, gpu_count
+
+    need_gpus(2)
+    world = 4 if gpu_count() >= 4 else 2
+    pool = RankPool(world, backend="nccl", subgroup_sizes=(2,) if world == 4 else (),
+                    pg_timeout=60.0, task_timeout=120.0)
+    yield pool
+    pool.close()

@@ -1,0 +1,252 @@
+"""pytest plugin behind ``dcp-a2a validate``: tier selection and per-test result records.
+
+Loaded with ``-p dcp_a2a.testing.recorder``; inert unless ``--dcp-report PREFIX`` is given.
+
+Tiers. A test belongs to every tier whose marker it carries (``unit``, ``kernel``, ``multiproc``,
+``conformance``, ``numerics``, ``gpu``, ``multigpu``, ``e2e``) and, if it carries none, to the tier
+named by its directory under ``tests/`` (``tests/unit/...`` -> ``unit``). A test that is in
+several tiers (kernel + conformance) runs once and is counted in each of them.
+
+Selection (``pytest_collection_modifyitems``, identical on every xdist worker):
+
+* ``--dcp-tiers a,b``  keep tests in at least one of these tiers;
+* ``--dcp-exclude m,n`` drop tests carrying any of these markers/tiers (tiers that cannot run
+  here, e.g. ``gpu`` on a CPU machine, or ``multigpu`` when it runs in its own session);
+* ``--dcp-quick``      drop ``slow`` tests and keep one case (the first parametrisation) of
+  every test function, so the quick subset touches every test but stays small.
+
+Records. ``PREFIX.collection.json`` (written once, by the controller or xdist worker gw0) lists
+the selected node ids with their tiers and every dropped test with the reason.
+``PREFIX.results.jsonl`` (written by the controller as tests finish, one JSON object a line) holds
+per test: outcome (passed / failed / error / skipped / xfailed / xpassed), tiers, markers,
+duration, skip reason or a short failure text, and every ``merge_report`` user property (the
+``merge_check`` fixture's :meth:`dcp_a2a.testing.compare.MergeReport.as_dict`). The last line is a
+``{"event": "session"}`` record with pytest's exit status.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+TIERS = ("unit", "kernel", "multiproc", "conformance", "numerics", "gpu", "multigpu", "e2e")
+
+_MAX_TEXT = 6000
+# pytest's own marks say nothing about what a test covers
+_PYTEST_MARKS = {"parametrize", "usefixtures", "filterwarnings", "skip", "skipif", "xfail",
+                 "timeout", "xdist_group", "flaky"}
+
+
+def pytest_addoption(parser):
+    g = parser.getgroup("dcp-a2a validate")
+    g.addoption("--dcp-report", default=None, metavar="PREFIX",
+                help="write PREFIX.collection.json and PREFIX.results.jsonl (dcp-a2a validate)")
+    g.addoption("--dcp-tiers", default=None, metavar="T1,T2",
+                help="run only tests in these tiers (markers, or tests/<tier>/ when unmarked)")
+    g.addoption("--dcp-exclude", default=None, metavar="M1,M2",
+                help="drop tests carrying any of these markers/tiers")
+    g.addoption("--dcp-quick", action="store_true", default=False,
+                help="drop slow tests; keep the first parametrisation of each test function")
+
+
+def _csv(v):
+    return [s.strip() for s in v.split(",") if s.strip()] if v else []
+
+
+def item_tiers(item) -> list[str]:
+    marks = {m.name for m in item.iter_markers()}
+    if "selfcheck" in marks:  # its own job (python -m dcp_a2a.testing.selfcheck), never a tier's test
+        return []
+    tiers = [t for t in TIERS if t in marks]
+    if not tiers:
+        try:
+            rel = Path(str(item.path)).resolve().relative_to(Path(str(item.config.rootpath)).resolve())
+            parts = rel.parts
+        except (ValueError, AttributeError):
+            parts = ()
+        if len(parts) >= 2 and parts[0] == "tests" and parts[1] in TIERS:
+            tiers = [parts[1]]
+    return tiers
+
+
+def _is_worker(config) -> bool:
+    return hasattr(config, "workerinput")
+
+
+def _writes_collection(config) -> bool:
+    return not _is_worker(config) or config.workerinput.get("workerid") == "gw0"
+
+
+def _atomic_write_json(path: Path, obj) -> None:
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps(obj, indent=1, default=_json_default))
+    os.replace(tmp, path)
+
+
+def _json_default(o):
+    if isinstance(o, float) and not math.isfinite(o):
+        return str(o)
+    if isinstance(o, (set, tuple)):
+        return list(o)
+    return repr(o)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(session, config, items):
+    prefix = config.getoption("--dcp-report")
+    tiers_opt = _csv(config.getoption("--dcp-tiers"))
+    exclude = set(_csv(config.getoption("--dcp-exclude")))
+    quick = config.getoption("--dcp-quick")
+    if prefix is None and not tiers_opt and not exclude and not quick:
+        return
+    keep, dropped, seen_functions = [], [], set()
+    for item in items:
+        tiers = item_tiers(item)
+        marks = sorted({m.name for m in item.iter_markers()} - _PYTEST_MARKS)
+        reason = None
+        if tiers_opt and not set(tiers) & set(tiers_opt):
+            reason = "tier not selected" if tiers else "in no tier"
+        elif exclude & (set(tiers) | set(marks)):
+            reason = "excluded: " + ",".join(sorted(exclude & (set(tiers) | set(marks))))
+        elif quick:
+            if "slow" in marks:
+                reason = "quick: slow"
+            else:
+                fn = getattr(item, "originalname", None) or item.name
+                key = (item.nodeid.split("::")[0], getattr(item.cls, "__name__", ""), fn)
+                if key in seen_functions:
+                    reason = "quick: further parametrisation"
+                seen_functions.add(key)
+        if reason is None:
+            item.user_properties.append(("dcp_tiers", tiers))
+            item.user_properties.append(("dcp_markers", marks))
+            keep.append(item)
+        else:
+            dropped.append({"nodeid": item.nodeid, "tiers": tiers, "markers": marks,
+                            "reason": reason})
+    if dropped:
+        drop_ids = {d["nodeid"] for d in dropped}
+        config.hook.pytest_deselected(items=[i for i in items if i.nodeid in drop_ids])
+        items[:] = keep
+    if prefix and _writes_collection(config):
+        _atomic_write_json(Path(prefix + ".collection.json"), {
+            "selected": [{"nodeid": i.nodeid, "tiers": dict(i.user_properties).get("dcp_tiers", []),
+                          "markers": dict(i.user_properties).get("dcp_markers", [])}
+                         for i in keep],
+            "dropped": dropped,
+        })
+
+
+class _Recorder:
+    """Controller-side: fold setup/call/teardown reports into one record per test."""
+
+    def __init__(self, prefix: str):
+        self.path = Path(prefix + ".results.jsonl")
+        self.path.write_text("")
+        self.fh = open(self.path, "a", buffering=1)
+        self.pending: dict[str, dict] = {}
+        self.collect_errors = 0
+        self.t0 = time.time()
+
+    def _emit(self, rec: dict) -> None:
+        self.fh.write(json.dumps(rec, default=_json_default) + "\n")
+
+    @pytest.hookimpl
+    def pytest_collectreport(self, report):
+        if report.failed:
+            self.collect_errors += 1
+            self._emit({"event": "test", "nodeid": report.nodeid or "<collection>",
+                        "outcome": "error", "phase": "collect", "tiers": [], "markers": [],
+                        "duration": 0.0, "text": _text(report)[-_MAX_TEXT:],
+                        "message": _crash_message(report), "merge_reports": []})
+
+    @pytest.hookimpl
+    def pytest_runtest_logreport(self, report):
+        rec = self.pending.setdefault(report.nodeid, {
+            "event": "test", "nodeid": report.nodeid, "outcome": None, "phase": None,
+            "tiers": [], "markers": [],
+            "duration": 0.0, "text": "", "message": "", "merge_reports": []})
+        rec["duration"] += float(getattr(report, "duration", 0.0) or 0.0)
+        props = list(getattr(report, "user_properties", []) or [])
+        for k, v in props:
+            if k == "dcp_tiers":
+                rec["tiers"] = list(v)
+            elif k == "dcp_markers":
+                rec["markers"] = list(v)
+        merges = [v for k, v in props if k == "merge_report"]
+        if merges:
+            rec["merge_reports"] = merges  # cumulative on the item: the last phase has all
+        wasxfail = hasattr(report, "wasxfail")
+        if report.when == "call" or (report.when == "setup" and not report.passed):
+            if report.passed:
+                rec["outcome"] = "xpassed" if wasxfail else "passed"
+            elif report.skipped:
+                rec["outcome"] = "xfailed" if wasxfail else "skipped"
+                rec["text"] = _skip_reason(report) if not wasxfail else str(report.wasxfail)
+            else:
+                rec["outcome"] = "failed" if report.when == "call" else "error"
+                rec["text"] = _text(report)[-_MAX_TEXT:]
+                rec["message"] = _crash_message(report)
+            rec["phase"] = report.when
+        elif report.when not in ("setup", "teardown"):  # xdist's crashed-worker report ("???")
+            rec["outcome"] = "failed"
+            rec["phase"] = "crash"
+            rec["text"] = _text(report)[-_MAX_TEXT:]
+            rec["message"] = _crash_message(report)
+            self._emit(self.pending.pop(report.nodeid))
+            return
+        if report.when == "teardown":
+            if report.failed and rec["outcome"] in (None, "passed", "xpassed"):
+                rec["outcome"], rec["phase"] = "error", "teardown"
+                rec["text"] = _text(report)[-_MAX_TEXT:]
+                rec["message"] = _crash_message(report)
+            if rec["outcome"] is None:
+                rec["outcome"] = "error"
+            self._emit(self.pending.pop(report.nodeid))
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_sessionfinish(self, session, exitstatus):
+        for rec in self.pending.values():
+            if rec["outcome"] is None:
+                rec["outcome"], rec["text"] = "error", "no result reported (interrupted?)"
+            self._emit(rec)
+        self.pending.clear()
+        self._emit({"event": "session", "exitstatus": int(exitstatus),
+                    "collect_errors": self.collect_errors,
+                    "duration": time.time() - self.t0})
+        self.fh.close()
+
+
+def _text(report) -> str:
+    try:
+        return report.longreprtext or ""
+    except Exception:  # pragma: no cover - exotic report objects
+        return str(getattr(report, "longrepr", ""))
+
+
+def _crash_message(report) -> str:
+    """pytest's one-line summary of a failure (what ``-rf`` prints): ``Type: message``."""
+    crash = getattr(getattr(report, "longrepr", None), "reprcrash", None)
+    msg = getattr(crash, "message", None)
+    if not msg:
+        lines = [ln for ln in _text(report).splitlines() if ln.strip()]
+        msg = lines[-1] if lines else ""
+    return msg.strip()[:_MAX_TEXT]
+
+
+def _skip_reason(report) -> str:
+    lr = report.longrepr
+    if isinstance(lr, tuple) and len(lr) == 3:
+        return str(lr[2]).removeprefix("Skipped: ")
+    return _text(report)[-_MAX_TEXT:]
+
+
+def pytest_configure(config):
+    prefix = config.getoption("--dcp-report")
+    if prefix and not _is_worker(config):
+        config.pluginmanager.register(_Recorder(prefix), "dcp_a2a_recorder")

@@ -1,0 +1,401 @@
+"""Self-check of the validation suite: does the conformance tier catch every shipped bug?
+
+    python -m dcp_a2a.testing.selfcheck [--jobs 2] [--only NAME ...] [--json report.json]
+
+Runs ``pytest -m conformance --impl SPEC -n JOBS`` once per implementation:
+
+* each correct implementation (``dcp_a2a`` and ``dcp_a2a.reference.contract``): every conformance test
+  must pass;
+* each mutant in ``dcp_a2a/testing/mutants/`` (one realistic bug per module, its docstring's first line
+  names the class of failure): at least one conformance test must fail. Mutant runs stop at
+  the first failure (``-x``) and run in one process each (``--mutant-jobs 1``: starting xdist
+  workers costs more than the tests a mutant reaches), ``--parallel`` of them at a time.
+
+Prints a kill table (mutant, killed?, first failing test, time) and the wall time of each
+correct implementation's full run, and exits non-zero if a mutant survives, a correct
+implementation fails, or a run could not be judged (collection errors, timeout). Per-test
+outcomes come from the suite's own result recorder (``dcp_a2a.testing.recorder``), so whatever
+the conformance tier contains, the first failing test is read from pytest, not from its text
+output.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+CORRECT = ("dcp_a2a", "dcp_a2a.reference.contract")
+MUTANTS_PACKAGE = "dcp_a2a.testing.mutants"
+_INTERRUPTED = "no result reported"
+_LIVE: set = set()  # pytest processes running now (killed, with their workers, on exit)
+
+
+@dataclass
+class Run:
+    spec: str
+    kind: str                    # "correct" or "mutant"
+    description: str = ""
+    verdict: str = ""            # correct: pass/FAIL/error; mutant: killed/SURVIVED/error
+    first_failure: str = ""      # node id of the first failing test
+    failure_text: str = ""       # its message, shortened
+    failure_text_full: str = field(default="", repr=False)
+    passed: int = 0
+    failed: int = 0
+    skipped: int = 0
+    collect_errors: int = 0
+    exitstatus: int | None = None
+    seconds: float = 0.0
+    log: str = ""
+    notes: list = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.verdict in ("pass", "killed")
+
+
+CONFORMANCE_DIR = Path(__file__).resolve().parent / "conformance"
+MUTANTS_DIR = Path(__file__).resolve().parent / "mutants"
+
+
+def repo_root() -> Path:
+    """Where the pytest sessions run: the checkout this package sits in when there is one (its
+    pytest configuration then applies), else the working directory."""
+    root = Path(__file__).resolve().parents[2]
+    return root if (root / "tests" / "conftest.py").is_file() else Path.cwd()
+
+
+def discover_mutants(root: Path | None = None) -> list[tuple[str, str]]:
+    """[(module spec, one-line description)] of the mutant corpus
+    (dcp_a2a/testing/mutants/*.py), sorted by name."""
+    out = []
+    for f in sorted(MUTANTS_DIR.glob("*.py")):
+        if f.name.startswith("_"):
+            continue
+        doc = ast.get_docstring(ast.parse(f.read_text())) or ""
+        first = doc.strip().splitlines()[0] if doc.strip() else "(no description)"
+        out.append((f"{MUTANTS_PACKAGE}.{f.stem}", first))
+    return out
+
+
+def describe_spec(spec: str) -> str:
+    """First docstring line of the module behind ``spec`` (found without importing it)."""
+    import importlib.util
+
+    try:
+        found = importlib.util.find_spec(spec.partition(":")[0])
+    except (ImportError, ValueError):
+        found = None
+    if found is None or not found.origin or not found.origin.endswith(".py"):
+        return "(not found)"
+    doc = ast.get_docstring(ast.parse(Path(found.origin).read_text())) or ""
+    return doc.strip().splitlines()[0] if doc.strip() else "(no description)"
+
+
+_PREFLIGHT = r"""
+import json, sys
+from dcp_a2a.testing.impl import load_impl
+res = {}
+for spec in sys.argv[1:]:
+    try:
+        missing = load_impl(spec).missing()
+        res[spec] = f"missing {', '.join(missing)}" if missing else ""
+    except Exception as e:
+        res[spec] = f"{type(e).__name__}: {e}"
+print(json.dumps(res))
+"""
+
+
+def preflight(specs: list[str], root: Path, env: dict) -> dict[str, str]:
+    """{spec: problem} for implementations that cannot even be loaded (one subprocess for all:
+    a mutant may patch the project at import, which must not touch this process). A mutant that
+    fails to load would otherwise fail every test and pass for "killed"."""
+    if not specs:
+        return {}
+    proc = subprocess.run([sys.executable, "-c", _PREFLIGHT, *specs], cwd=root, env=env,
+                          capture_output=True, text=True, timeout=600)
+    try:
+        res = json.loads(proc.stdout.strip().splitlines()[-1])
+    except (json.JSONDecodeError, IndexError):
+        return {s: f"preflight failed: {proc.stderr.strip()[-500:]}" for s in specs}
+    return {s: msg for s, msg in res.items() if msg}
+
+
+# A traceback that ends inside the mutant with one of these is the mutant crashing (stale
+# against the project code it wraps), not the suite catching its bug.
+_MUTANT_CRASH = re.compile(r"mutants/\w+\.py:\d+: (AttributeError|NameError|ImportError|"
+                           r"ModuleNotFoundError|SyntaxError)")
+
+
+def _short(text: str, limit: int = 300) -> str:
+    """The most telling line of a failure report: the last 'E   ' line, else the last line."""
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    errs = [ln[1:].strip() for ln in lines if ln.startswith("E ")]
+    pick = errs[0] if errs else (lines[-1].strip() if lines else "")
+    return pick[:limit]
+
+
+def _read_results(path: Path, run: Run) -> None:
+    if not path.is_file():
+        run.notes.append("pytest wrote no result records")
+        return
+    for line in path.read_text().splitlines():
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if rec.get("event") == "session":
+            run.exitstatus = rec.get("exitstatus")
+            continue
+        outcome, phase = rec.get("outcome"), rec.get("phase")
+        if outcome in ("passed", "xpassed", "xfailed"):
+            run.passed += 1
+        elif outcome == "skipped":
+            run.skipped += 1
+        elif outcome in ("failed", "error"):
+            if phase == "collect":
+                run.collect_errors += 1
+                run.notes.append(f"collection error in {rec.get('nodeid')}: "
+                                 f"{_short(rec.get('text', ''))}")
+            elif phase is None or _INTERRUPTED in rec.get("text", ""):
+                continue  # in flight when -x stopped the session: no verdict
+            else:
+                run.failed += 1
+                if not run.first_failure:
+                    run.first_failure = rec.get("nodeid", "?")
+                    run.failure_text = _short(rec.get("text", ""))
+                    run.failure_text_full = rec.get("text", "")
+
+
+def _env(root: Path) -> dict:
+    env = dict(os.environ)
+    package_parent = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = os.pathsep.join(
+        [package_parent, str(root)]
+        + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    return env
+
+
+def run_one(spec: str, kind: str, *, root: Path, jobs: int, timeout: float, workdir: Path,
+            paths: list[str], marker: str, description: str = "",
+            broken: str = "") -> Run:
+    run = Run(spec=spec, kind=kind, description=description)
+    if broken:
+        run.verdict = "error"
+        run.notes.append(f"cannot be loaded: {broken}")
+        return run
+    prefix = workdir / spec.replace(".", "_")
+    log = Path(str(prefix) + ".log")
+    cmd = [sys.executable, "-m", "pytest", "-m", marker, "--impl", spec, "-q",
+           "-p", "no:cacheprovider", "-p", "dcp_a2a.testing.recorder",
+           "--dcp-report", str(prefix), "--continue-on-collection-errors"]
+    if jobs > 1:
+        cmd += ["-n", str(jobs)]
+    else:
+        cmd += ["-p", "no:xdist"]
+    if kind == "mutant":
+        cmd.append("-x")
+    cmd += paths
+    env = _env(root)
+    env["DCP_A2A_IMPL"] = spec
+    t0 = time.time()
+    with open(log, "w") as fh:
+        fh.write(" ".join(cmd) + "\n")
+        fh.flush()
+        # its own session, so that a timeout or an interrupt ends pytest and all its workers
+        proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=fh, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        _LIVE.add(proc)
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            _kill_group(proc)
+            run.notes.append(f"timed out after {timeout:.0f} s")
+        except BaseException:
+            _kill_group(proc)
+            raise
+        finally:
+            _LIVE.discard(proc)
+    run.seconds = time.time() - t0
+    run.log = str(log)
+    _read_results(Path(str(prefix) + ".results.jsonl"), run)
+    if run.exitstatus is None:
+        run.exitstatus = proc.returncode
+    timed_out = any(n.startswith("timed out") for n in run.notes)
+    if kind == "correct":
+        if timed_out or run.collect_errors:
+            run.verdict = "error"
+        elif run.failed or run.exitstatus not in (0,) or run.passed == 0:
+            run.verdict = "FAIL"
+            if run.passed == 0 and not run.failed:
+                run.notes.append("no conformance test passed (none collected?)")
+        else:
+            run.verdict = "pass"
+    else:
+        if run.failed and _MUTANT_CRASH.search(run.failure_text_full):
+            run.verdict = "error"
+            run.notes.append("the mutant itself crashed: " + run.failure_text)
+        elif run.failed:
+            run.verdict = "killed"
+        elif timed_out or run.collect_errors or run.exitstatus not in (0, 1, 5):
+            run.verdict = "error"
+            if not run.notes:
+                run.notes.append(f"pytest exit status {run.exitstatus}; see {log}")
+        else:
+            run.verdict = "SURVIVED"
+    return run
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
+def _raise_on_sigterm(signum, frame):
+    raise SystemExit(128 + signum)
+
+
+def kill_table(runs: list[Run]) -> str:
+    """Markdown tables: correct implementations, then the mutants."""
+    lines = []
+    if any(r.kind == "correct" for r in runs):
+        lines += ["| implementation | verdict | passed | failed | skipped | wall time |",
+                  "|---|---|---|---|---|---|"]
+        for r in runs:
+            if r.kind == "correct":
+                lines.append(f"| `{r.spec}` | {r.verdict} | {r.passed} | {r.failed} | "
+                             f"{r.skipped} | {r.seconds:.1f} s |")
+        lines.append("")
+    lines += ["| mutant | killed? | first failing test | time | failure class |",
+              "|---|---|---|---|---|"]
+    for r in runs:
+        if r.kind == "mutant":
+            name = r.spec.removeprefix(MUTANTS_PACKAGE + ".")
+            killed = {"killed": "yes", "SURVIVED": "**NO**"}.get(r.verdict, f"**{r.verdict}**")
+            lines.append(f"| `{name}` | {killed} | `{r.first_failure or '-'}` | "
+                         f"{r.seconds:.1f} s | {r.description} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m dcp_a2a.testing.selfcheck", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--jobs", "-n", type=int, default=2,
+                    help="pytest-xdist workers for a correct implementation's run (default 2; "
+                         "1 runs without xdist)")
+    ap.add_argument("--mutant-jobs", type=int, default=1,
+                    help="pytest-xdist workers per mutant run (default 1: no xdist)")
+    ap.add_argument("--parallel", type=int, default=2,
+                    help="mutant runs at a time (default 2)")
+    ap.add_argument("--only", nargs="+", metavar="NAME",
+                    help="run only these mutants (module names) and correct implementations")
+    ap.add_argument("--correct", nargs="*", default=list(CORRECT), metavar="SPEC",
+                    help=f"correct implementations to run (default: {' '.join(CORRECT)})")
+    ap.add_argument("--no-mutants", action="store_true", help="run the correct ones only")
+    ap.add_argument("--mutants", nargs="+", metavar="SPEC", dest="mutant_specs",
+                    help="judge these implementation specs as mutants instead of the corpus "
+                         "(e.g. to check that a suspected bug is caught)")
+    ap.add_argument("--paths", nargs="*", default=[str(CONFORMANCE_DIR)],
+                    help="test paths handed to pytest (default: the shipped conformance suite)")
+    ap.add_argument("--marker", default="conformance", help="pytest -m expression")
+    ap.add_argument("--timeout", type=float, default=600.0,
+                    help="seconds per implementation run before it is killed (default 600)")
+    ap.add_argument("--json", type=Path, help="also write the results as JSON here")
+    ap.add_argument("--workdir", type=Path, help="keep logs and result records here")
+    ap.add_argument("--list", action="store_true", help="list the mutants and exit")
+    args = ap.parse_args(argv)
+
+    root = repo_root()
+    if str(root) not in sys.path:
+        sys.path.insert(0, str(root))
+    if args.mutant_specs:
+        mutants = [(spec, describe_spec(spec)) for spec in args.mutant_specs]
+    else:
+        mutants = discover_mutants(root)
+    if args.list:
+        for spec, desc in mutants:
+            print(f"{spec.rsplit('.', 1)[-1]:32s} {desc}")
+        return 0
+    if args.only:
+        wanted = set(args.only)
+        unknown = wanted - {s.rsplit(".", 1)[-1] for s, _ in mutants} - set(args.correct)
+        if unknown:
+            ap.error(f"unknown mutant(s): {', '.join(sorted(unknown))}")
+        mutants = [(s, d) for s, d in mutants if s.rsplit(".", 1)[-1] in wanted]
+        correct = [c for c in args.correct if c in wanted]
+    else:
+        correct = list(args.correct)
+    if args.no_mutants:
+        mutants = []
+
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="dcp_a2a_selfcheck_"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    signal.signal(signal.SIGTERM, _raise_on_sigterm)
+    common = dict(root=root, timeout=args.timeout, workdir=workdir, paths=args.paths,
+                  marker=args.marker)
+    total_runs = len(correct) + len(mutants)
+    runs: list[Run] = []
+
+    def report(run: Run) -> None:
+        runs.append(run)
+        print(f"[{len(runs)}/{total_runs}] {run.spec}: {run.verdict} in {run.seconds:.1f} s"
+              + (f" ({run.first_failure})" if run.first_failure else ""), flush=True)
+
+    t0 = time.time()
+    broken = preflight(correct + [m for m, _ in mutants], root, _env(root))
+    # correct implementations one at a time, alone on the machine: their wall time is the
+    # conformance tier's cost per implementation
+    try:
+        for spec in correct:
+            report(run_one(spec, "correct", jobs=args.jobs, broken=broken.get(spec, ""),
+                           **common))
+    finally:
+        for proc in list(_LIVE):
+            _kill_group(proc)
+    pool = ThreadPoolExecutor(max_workers=max(1, args.parallel))
+    try:
+        futures = [pool.submit(run_one, spec, "mutant", jobs=args.mutant_jobs, description=desc,
+                               broken=broken.get(spec, ""), **common) for spec, desc in mutants]
+        for fut in as_completed(futures):
+            report(fut.result())
+    finally:  # on an interrupt: end the running pytest sessions, then the threads waiting on them
+        for proc in list(_LIVE):
+            _kill_group(proc)
+        pool.shutdown(wait=True, cancel_futures=True)
+    order = {s: i for i, s in enumerate(correct + [m for m, _ in mutants])}
+    runs.sort(key=lambda r: order[r.spec])
+    total = time.time() - t0
+
+    print()
+    print(kill_table(runs))
+    bad = [r for r in runs if not r.ok]
+    n_mut = sum(r.kind == "mutant" for r in runs)
+    n_killed = sum(r.verdict == "killed" for r in runs)
+    print(f"\n{n_killed}/{n_mut} mutants killed; {len(runs) - n_mut} correct implementation(s) "
+          f"run; total {total:.1f} s; logs in {workdir}")
+    for r in bad:
+        print(f"\nPROBLEM {r.spec}: {r.verdict}"
+              + (f" — first failure {r.first_failure}: {r.failure_text}" if r.first_failure
+                 else "")
+              + "".join(f"\n  {n}" for n in r.notes) + f"\n  log: {r.log}")
+    if args.json:
+        args.json.write_text(json.dumps({"runs": [asdict(r) for r in runs], "seconds": total,
+                                         "ok": not bad}, indent=1))
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

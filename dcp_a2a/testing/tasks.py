@@ -1,0 +1,201 @@
+"""Tasks the multi-process tests run on the ranks of a :class:`dcp_a2a.testing.rankpool.RankPool`,
+and :func:`new_pool`, the pool those tests use.
+
+Every task is ``task(ctx, *args)`` with ``ctx`` the rank's RankContext. They run the
+implementation under test, selected by ``$DCP_A2A_IMPL`` (the pytest plugin sets it for every
+process), and return plain tensors; all checking happens in the test process against the oracle
+of every rank's inputs. Nothing here imports pytest: the ranks only import this module.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import torch
+import torch.distributed as dist
+
+from dcp_a2a.testing.impl import ENV_VAR, load_impl
+from dcp_a2a.testing.rankpool import RankPool
+
+# Imported by the fork server of CPU pools, so that no rank imports them itself (after every
+# pool (re)start): this module (and through it the implementation loader), and the module
+# Triton's interpreter imports at its first kernel launch (~0.1 s a rank). A name that fails to
+# import is skipped by the fork server: this is only a head start.
+RANK_PRELOAD = ("dcp_a2a.testing.tasks", "triton.experimental.gluon")
+
+
+def new_pool(world_size: int, **kw) -> RankPool:
+    """A gloo pool for these tasks: ranks on the GPUs where there are any (compiled kernels),
+    else CPU ranks forked from the shared, preloaded fork server (interpreted kernels)."""
+    return RankPool(world_size, preload=RANK_PRELOAD, **kw)
+
+_BITS = {2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.shape == b.shape and a.dtype == b.dtype and bool(
+        torch.equal(a.contiguous().view(_BITS[a.element_size()]),
+                    b.contiguous().view(_BITS[b.element_size()])))
+
+
+def pid_alive(pid: int) -> bool:
+    """True while ``pid`` is a live (non-zombie) process."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+        return state not in ("Z", "X")
+    except FileNotFoundError:
+        return False
+    except OSError:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        return True
+
+
+def _impl():
+    return load_impl(os.environ.get(ENV_VAR))
+
+
+def reduce_cases(ctx, n: int, cases: list, inputs: list) -> list:
+    """Run ``lse_reduce`` once per case on this rank of the ``n``-rank group.
+
+    ``cases[i]``: dict(return_lse, base_e, query_start_loc or None, backend or None);
+    ``inputs[i]``: this rank's (out[B, H, D], lse[B, H], seq_lens or None). ``backend`` is only
+    passed when not None (foreign implementations do not take it). Returns per case a dict
+    with the result (out, lse or None, what was returned) and whether the inputs survived.
+    """
+    impl = _impl()
+    group = ctx.group(n)
+    results = []
+    for case, (out, lse, seq_lens) in zip(cases, inputs):
+        out, lse = out.to(ctx.device), lse.to(ctx.device)
+        kw = dict(return_lse=case["return_lse"], is_lse_base_on_e=case["base_e"])
+        if seq_lens is not None:
+            kw.update(seq_lens=seq_lens.to(ctx.device),
+                      query_start_loc=case["query_start_loc"].to(ctx.device))
+        if case.get("backend") is not None:
+            kw["backend"] = case["backend"]
+        out_before, lse_before = out.clone(), lse.clone()
+        res = impl.lse_reduce(out, lse, group, **kw)
+        if case["return_lse"]:
+            if not (isinstance(res, tuple) and len(res) == 2):
+                results.append(dict(bad_return=f"return_lse=True returned {type(res).__name__}"))
+                continue
+            o, g = res
+        else:
+            if not isinstance(res, torch.Tensor):
+                results.append(dict(bad_return=f"return_lse=False returned {type(res).__name__}"))
+                continue
+            o, g = res, None
+        results.append(dict(
+            out=o.detach().cpu().clone(),
+            lse=None if g is None else g.detach().cpu().clone(),
+            inputs_intact=_same_bits(out, out_before) and _same_bits(lse, lse_before),
+        ))
+    return results
+
+
+def reduce_expect_error(ctx, n: int, out, lse, kwargs: dict):
+    """Call ``lse_reduce`` with arguments that must be rejected; return the exception's type
+    name and message (or None when nothing was raised). Must return promptly on every rank:
+    an argument check that runs after a collective would leave the peers hanging."""
+    impl = _impl()
+    try:
+        impl.lse_reduce(out.to(ctx.device), lse.to(ctx.device), ctx.group(n), **kwargs)
+    except Exception as e:  # the test checks the type
+        return type(e).__name__, str(e)
+    return None
+
+
+# --------------------------------------------------------------------------- pool mechanics
+def all_reduce_sum(ctx, n: int, value: float) -> float:
+    t = torch.tensor([float(value)], device=ctx.device)
+    dist.all_reduce(t, group=ctx.process_group(n))
+    return t.item()
+
+
+def raise_on(ctx, bad_rank: int, message: str):
+    """``bad_rank`` raises; the others wait in a barrier that it never joins."""
+    if ctx.rank == bad_rank:
+        raise ValueError(message)
+    dist.barrier(group=ctx.process_group())
+    return ctx.rank
+
+
+def barrier_alone(ctx, lonely_rank: int):
+    """``lonely_rank`` enters a collective that no peer joins (a hang in a collective)."""
+    if ctx.rank == lonely_rank:
+        dist.barrier(group=ctx.process_group())
+    return ctx.rank
+
+
+def sleep_on(ctx, sleepy_rank: int, seconds: float):
+    """``sleepy_rank`` stalls outside any collective; the others answer at once."""
+    if ctx.rank == sleepy_rank:
+        time.sleep(seconds)
+    return ctx.rank
+
+
+def exit_on(ctx, dying_rank: int, code: int):
+    if ctx.rank == dying_rank:
+        os._exit(code)
+    dist.barrier(group=ctx.process_group())
+    return ctx.rank
+
+
+def whoami(ctx):
+    return ctx.rank, os.getpid(), os.environ.get(ENV_VAR)
+
+
+def as_torchrun_rank(ctx, store_port: int, module: str, argv: list) -> int:
+    """Run ``python -m MODULE ARGV`` on this rank as torchrun would start it: rank, world size
+    and the rendezvous store in the environment (torchrun's variables; the store is hosted by the
+    test process, as torchrun's agent hosts it), and the module creates the default process
+    group itself. The pool's own group is destroyed first, so the pool must be closed
+    afterwards. Returns the module's exit status."""
+    import importlib
+
+    dist.destroy_process_group()
+    n = str(ctx.world_size)
+    os.environ.update(RANK=str(ctx.rank), LOCAL_RANK=str(ctx.rank), GROUP_RANK="0",
+                      WORLD_SIZE=n, LOCAL_WORLD_SIZE=n, MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(store_port), TORCHELASTIC_USE_AGENT_STORE="True")
+    status = importlib.import_module(module).main(argv)
+    return 0 if status is None else int(status)
+
+
+# --------------------------------------------------------------------------- accuracy job
+def accuracy_job(ctx, n: int, argv: list):
+    """Run ``python -m dcp_a2a.testing.accuracy`` in-process on the pool's ``n``-rank group."""
+    from dcp_a2a.testing import accuracy
+
+    args = accuracy.parse_args(argv)
+    report = accuracy.run(args, ctx.process_group(n), ctx.device)
+    return report, accuracy.exit_status(report)
+
+
+class _BrokenImpl:
+    """A deliberately wrong implementation: the merged LSE is rounded through bfloat16 before
+    it is returned, and the output is moved by one bfloat16 ulp-sized relative step. The
+    accuracy job (and the suite) must reject it."""
+
+    @staticmethod
+    def lse_reduce(out, lse, group, **kw):
+        import dcp_a2a
+
+        kw.pop("backend", None)
+        res = dcp_a2a.lse_reduce(out, lse, group, **kw)
+        if isinstance(res, tuple):
+            o, g = res
+            return o * (1 + 2.0 ** -7), g.to(torch.bfloat16).to(torch.float32)
+        return res * (1 + 2.0 ** -7)
+
+    lse_pack_dim = staticmethod(lambda dtype: __import__("dcp_a2a").lse_pack_dim(dtype))
+    pack_send = staticmethod(lambda *a, **k: __import__("dcp_a2a").pack_send(*a, **k))
+    unpack_combine = staticmethod(lambda *a, **k: __import__("dcp_a2a").unpack_combine(*a, **k))
+
+
+BROKEN = _BrokenImpl()

