@@ -3,9 +3,12 @@ oracle, one row per (backend, dtype, shape, LSE base).
 
     torchrun --nproc-per-node N -m dcp_a2a.testing.accuracy [--backend packed|two_collective|ag_rs|all]
         [--dtype float16,bfloat16,float32] [--shapes BxHxD[:dtype],...] [--base e|2|both]
-        [--out report.json] [--dist-backend auto|gloo|nccl]
+        [--out report.json] [--dist-backend auto|gloo|nccl] [--device auto|cpu|cuda]
 
-gloo on CPU, NCCL on GPUs (rank r on cuda:LOCAL_RANK); multi-node works the usual torchrun way.
+NCCL on GPUs (rank r on cuda:LOCAL_RANK); gloo ranks compute on the GPUs where there are any
+(several may share one: N = 4 or 8 ranks on a 2-GPU machine) and on the CPU, through Triton's
+interpreter, elsewhere. Multi-node works the usual torchrun way. The oracle and the comparison
+run on each rank's device in float64.
 Every rank regenerates every rank's partial from the seed (rank n's partial comes from the
 generator seeded (seed, case, n)), keeps its own as its input and all ranks' slices of its heads
 [r*H/N, (r+1)*H/N) for the oracle, so no input travels through the collectives under test.
@@ -126,7 +129,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="LSE base: natural (e), base 2 (FlashInfer MLA), or both (default)")
     p.add_argument("--out", default=None, help="write the JSON report here (rank 0)")
     p.add_argument("--dist-backend", default="auto", choices=("auto", "gloo", "nccl"),
-                   help="auto: nccl when CUDA is available, else gloo")
+                   help="auto: nccl when every local rank can have a GPU of its own, else "
+                        "gloo")
+    p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
+                   help="where each rank computes (default auto: rank r on cuda:r with nccl; "
+                        "with gloo cuda:(r %% GPUs), ranks sharing GPUs, or the CPU through "
+                        "Triton's interpreter on a machine without GPUs)")
     p.add_argument("--impl", default=None,
                    help="implementation under test (package.module[:attr]; default "
                         "$DCP_A2A_IMPL or dcp_a2a). Backends and the bitwise check need the "
@@ -397,23 +405,23 @@ def main(argv=None) -> int:
             with socket.socket() as s:
                 s.bind(("127.0.0.1", 0))
                 os.environ["MASTER_PORT"] = str(s.getsockname()[1])
-    backend = args.dist_backend
-    if backend == "auto":
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
-    if backend == "gloo" and not _env.INTERPRET:
-        # gloo ranks hold CPU tensors, which only Triton's interpreter runs; the kernels were
-        # defined compiled (a GPU machine), so start this rank again with the interpreter on
+    from .rankpool import auto_backend, rank_device
+
+    backend = auto_backend() if args.dist_backend == "auto" else args.dist_backend
+    try:
+        device = rank_device(backend, int(os.environ.get("LOCAL_RANK", "0")),
+                             None if args.device == "auto" else args.device)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if device.type == "cpu" and not _env.INTERPRET:
+        # CPU tensors run only through Triton's interpreter; the kernels were defined compiled
+        # (a GPU machine), so start this rank again with the interpreter on
         os.environ["TRITON_INTERPRET"] = "1"
-        os.execv(sys.executable, [sys.executable, "-m", "dcp_a2a.testing.accuracy", *sys.argv[1:]])
-    if backend == "nccl":
-        if not torch.cuda.is_available():
-            print("--dist-backend nccl needs CUDA", file=sys.stderr)
-            return 2
-        local = int(os.environ.get("LOCAL_RANK", "0"))
-        torch.cuda.set_device(local)
-        device = torch.device("cuda", local)
-    else:
-        device = torch.device("cpu")
+        os.execv(sys.executable,
+                 [sys.executable, "-m", "dcp_a2a.testing.accuracy", *sys.argv[1:]])
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
     kw = {"device_id": device} if backend == "nccl" else {}
     dist.init_process_group(backend, timeout=datetime.timedelta(minutes=10), **kw)
     try:

@@ -245,12 +245,15 @@ def collective_main(args) -> int:
 
     from ..collective import BACKENDS, Group, lse_reduce
 
-    cuda = torch.cuda.is_available()
-    dist.init_process_group("nccl" if cuda else "gloo")
-    rank, world = dist.get_rank(), dist.get_world_size()
+    from .rankpool import auto_backend, rank_device
+
+    backend = auto_backend()
+    device = rank_device(backend, int(os.environ.get("LOCAL_RANK", "0")))
+    cuda = device.type == "cuda"
     if cuda:
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
+        torch.cuda.set_device(device)
+    dist.init_process_group(backend)
+    rank, world = dist.get_rank(), dist.get_world_size()
     group = Group.from_process_group()
     shapes = ([tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
               if args.shapes else COLLECTIVE_SHAPES)

@@ -88,6 +88,18 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--no-plots", action="store_true", help="skip the PNGs")
     v.add_argument("pytest_args", nargs=argparse.REMAINDER, metavar="-- PYTEST_ARGS",
                    help="extra arguments for pytest after --, e.g. -- -k pack -x")
+    g = sub.add_parser(
+        "gpu-check", help="before merging, on a GPU machine: validate, the NCCL accuracy job "
+                          "on every GPU and a quick benchmark; one exit status, one summary",
+        description="Run `dcp-a2a validate` (every tier this machine supports), the accuracy "
+                    "job on every visible GPU over NCCL, and a quick kernel benchmark; write "
+                    "DIR/gpu-check.md and print one summary. Exit status: 0 all passed, 1 a "
+                    "step failed, 3 no CUDA GPU here.")
+    g.add_argument("--out", type=Path, default=Path("gpu-check"), metavar="DIR",
+                   help="report directory (default ./gpu-check)")
+    g.add_argument("-j", "--workers", type=_workers, default=None, metavar="N",
+                   help="pytest-xdist workers for the validate step (default 8 on a GPU "
+                        "machine)")
     return p
 
 
@@ -362,6 +374,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "validate":
         return validate(args)
+    if args.command == "gpu-check":
+        from . import gpucheck
+
+        return gpucheck.main(args)
     parser.print_help()
     return EXIT_USAGE
 

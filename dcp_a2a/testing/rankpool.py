@@ -51,7 +51,8 @@ from multiprocessing.connection import wait as _wait_any
 from typing import Any, Callable, Sequence
 
 __all__ = ["PoolError", "RankContext", "RankFailure", "RankPool", "RankTimeout",
-           "cpu_rank_environment", "fork_server_context", "gpu_count"]
+           "cpu_rank_environment", "fork_server_context", "gpu_count", "auto_backend",
+           "rank_device"]
 
 
 class PoolError(RuntimeError):
@@ -149,14 +150,9 @@ def _worker_main(rank, world_size, backend, device_type, store_addr, prefix, pg_
         import torch.distributed as dist
 
         torch.set_num_threads(1)  # N ranks share the machine's cores with the test process
-        if device_type == "cuda":
-            # ranks share the GPUs round-robin (gloo moves CUDA tensors through host memory;
-            # NCCL needs a GPU of its own per rank, which the pool's caller ensures)
-            local = rank % max(1, torch.cuda.device_count())
-            torch.cuda.set_device(local)
-            device = torch.device("cuda", local)
-        else:
-            device = torch.device("cpu")
+        device = rank_device(backend, rank, device_type)
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
         timeout = timedelta(seconds=pg_timeout_s)
         host, port = store_addr
         store = dist.TCPStore(host, port, is_master=False, timeout=timeout)
@@ -208,6 +204,36 @@ def gpu_count() -> int:
     import torch
 
     return torch.cuda.device_count()  # NVML first: no CUDA context is created here
+
+
+def auto_backend() -> str:
+    """For a rank started by torchrun: nccl when every local rank can have a GPU of its own,
+    else gloo (ranks share the GPUs, or run on the CPU)."""
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1")))
+    gpus = gpu_count()
+    return "nccl" if gpus and gpus >= local_world else "gloo"
+
+
+def rank_device(backend: str, local_rank: int, device: str | None = None):
+    """The device a rank of a ``backend`` group computes on: ``cuda:local_rank`` for nccl (a GPU
+    per rank); for gloo ``cuda:(local_rank % GPUs)`` where there are GPUs (ranks may share one;
+    gloo moves CUDA tensors through host memory), else the CPU. ``device`` ("cpu"/"cuda")
+    overrides the choice; a CPU rank needs Triton's interpreter."""
+    import torch
+
+    gpus = gpu_count()
+    want = device or ("cuda" if backend == "nccl" or gpus else "cpu")
+    if want == "cpu":
+        if backend == "nccl":
+            raise ValueError("an nccl group computes on GPUs; use --dist-backend gloo for CPU "
+                             "ranks")
+        return torch.device("cpu")
+    if gpus == 0:
+        raise ValueError("no CUDA GPU visible for a CUDA rank")
+    if backend == "nccl" and local_rank >= gpus:
+        raise ValueError(f"an nccl group needs a GPU per rank: local rank {local_rank}, "
+                         f"{gpus} GPU(s); use --dist-backend gloo to share GPUs")
+    return torch.device("cuda", local_rank % gpus)
 
 
 def _describe_exit(code) -> str:

@@ -1,6 +1,7 @@
 """Real process groups for the conformance tier: one gloo group of 3 ranks runs every
 multi-rank scenario of ``SCENARIOS`` through the implementation's ``lse_reduce`` and saves each
-rank's results; the tests compare them with the oracle.
+rank's results; the tests compare them with the oracle. The ranks compute on the GPUs where
+there are any (sharing them), else on the CPU.
 
 The group is spawned once per test session (the first xdist worker to need it runs it under a
 file lock; the others read its results), so the whole multi-rank part costs one group start.
@@ -10,6 +11,7 @@ the deadline, so a broken implementation fails tests instead of hanging CI.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import time
@@ -85,14 +87,19 @@ def scenario_inputs(sc: Scenario):
     return outs, lses, seq_lens, qsl, seen
 
 
-from dcp_a2a.testing.rankpool import cpu_rank_environment  # noqa: E402
+from dcp_a2a.testing.rankpool import cpu_rank_environment, gpu_count, rank_device  # noqa: E402
 
 
-def _rank_main(rank: int, init_file: str, out_dir: str, spec: str) -> None:
-    os.environ["TRITON_INTERPRET"] = "1"  # CPU tensors over gloo, on any machine
+def _rank_main(rank: int, init_file: str, out_dir: str, spec: str, device_type: str) -> None:
+    if device_type == "cpu":
+        os.environ["TRITON_INTERPRET"] = "1"  # CPU tensors need Triton's interpreter
     import torch.distributed as dist
 
     from dcp_a2a.testing.impl import load_impl
+
+    device = rank_device("gloo", rank, device_type)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
 
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
                             world_size=WORLD, timeout=timedelta(seconds=PG_TIMEOUT_S))
@@ -106,16 +113,17 @@ def _rank_main(rank: int, init_file: str, out_dir: str, spec: str) -> None:
             if rank >= sc.n:
                 continue
             outs, lses, seq_lens, qsl, _ = scenario_inputs(sc)
-            out, lse = outs[rank].clone(), lses[rank].clone()
+            out, lse = outs[rank].to(device), lses[rank].to(device)
             out_bits = out.view(torch.int16 if out.element_size() == 2 else torch.int32).clone()
             lse_before = lse.clone()
-            mask = {} if seq_lens is None else dict(seq_lens=seq_lens[rank], query_start_loc=qsl)
+            mask = {} if seq_lens is None else dict(seq_lens=seq_lens[rank].to(device),
+                                                    query_start_loc=qsl.to(device))
             t0 = time.time()
             try:
                 res = impl.lse_reduce(out, lse, DcpGroup(sc.n, rank, groups[sc.n]),
                                       return_lse=sc.return_lse, is_lse_base_on_e=sc.base_e,
                                       **mask)
-                rec = {"ok": True, "result": res}
+                rec = {"ok": True, "result": _to_cpu(res)}
             except Exception as e:  # recorded per scenario; the test decides what it means
                 rec = {"ok": False, "error": type(e).__name__, "message": str(e),
                        "traceback": traceback.format_exc()}
@@ -132,6 +140,12 @@ def _rank_main(rank: int, init_file: str, out_dir: str, spec: str) -> None:
         pass
 
 
+def _to_cpu(res):
+    if isinstance(res, tuple):
+        return tuple(_to_cpu(r) for r in res)
+    return res.cpu() if isinstance(res, torch.Tensor) else res
+
+
 def run_group(spec: str, out_dir: Path) -> dict:
     """Spawn WORLD ranks, wait (bounded), and return {"ranks": [results of rank r or None],
     "problems": [text], "seconds": wall}."""
@@ -141,16 +155,22 @@ def run_group(spec: str, out_dir: Path) -> dict:
     init_file = out_dir / "pg_init"
     if init_file.exists():
         init_file.unlink()
-    # One fork server imports torch once and forks the ranks from it: three concurrent spawns
-    # would import torch three times (seconds each on a 2-core machine). It is single-threaded,
-    # so forking it is safe, unlike forking a pytest worker.
-    ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["torch", "torch.distributed", "dcp_a2a.testing.impl", "dcp_a2a.testing.data",
-                                __name__])
+    # On a GPU machine the ranks compute on the GPUs (spawned: each needs its own CUDA context).
+    # Elsewhere one fork server imports torch once and forks the CPU ranks from it: three
+    # concurrent spawns would import torch three times (seconds each on a 2-core machine). It is
+    # single-threaded, so forking it is safe, unlike forking a pytest worker.
+    device_type = "cuda" if gpu_count() else "cpu"
+    if device_type == "cuda":
+        ctx = mp.get_context("spawn")
+    else:
+        ctx = mp.get_context("forkserver")
+        ctx.set_forkserver_preload(["torch", "torch.distributed", "dcp_a2a.testing.impl",
+                                    "dcp_a2a.testing.data", __name__])
     t0 = time.time()
-    procs = [ctx.Process(target=_rank_main, args=(r, str(init_file), str(out_dir), spec),
-                         daemon=True) for r in range(WORLD)]
-    with cpu_rank_environment():  # gloo ranks hold CPU tensors: the interpreter, on any machine
+    procs = [ctx.Process(target=_rank_main,
+                         args=(r, str(init_file), str(out_dir), spec, device_type), daemon=True)
+             for r in range(WORLD)]
+    with cpu_rank_environment() if device_type == "cpu" else contextlib.nullcontext():
         for p in procs:
             p.start()
     problems = []

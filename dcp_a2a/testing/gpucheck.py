@@ -1,0 +1,159 @@
+"""``dcp-a2a gpu-check``: what a kernel author runs on a GPU machine before merging.
+
+Three steps, one exit status, one summary:
+
+1. ``dcp-a2a validate`` -- every tier this machine supports (the gpu tier, and the multigpu
+   tier with 2+ GPUs; the multi-process tier on gloo ranks that share the GPUs);
+2. the accuracy job on every visible GPU, over NCCL (``torchrun --nproc-per-node <GPUs> -m
+   dcp_a2a.testing.accuracy --dist-backend nccl``; on one GPU: 2 gloo ranks sharing it);
+3. a quick benchmark of the kernels (``python -m dcp_a2a.testing.bench --quick``).
+
+Everything lands in ``DIR`` (default ./gpu-check): validation.{json,md}, accuracy.json,
+bench.json, the logs, and gpu-check.md with the summary printed at the end.
+Exit status: 0 every step passed, 1 a step failed, 3 no CUDA GPU here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from argparse import Namespace
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass
+class Step:
+    name: str
+    status: str = "not run"     # passed / failed / not run
+    wall_s: float = 0.0
+    detail: str = ""
+    log: str = ""
+
+
+def _run(cmd: list[str], log: Path, env: dict) -> tuple[int, float]:
+    t0 = time.monotonic()
+    with open(log, "w") as fh:
+        fh.write("$ " + " ".join(cmd) + "\n")
+        fh.flush()
+        code = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env).returncode
+    return code, time.monotonic() - t0
+
+
+def _tail(path: Path, lines: int = 3) -> str:
+    try:
+        return " | ".join(path.read_text(errors="replace").strip().splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def _env() -> dict:
+    from .validate import PACKAGE_PARENT
+
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(PACKAGE_PARENT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    return env
+
+
+def validate_step(out: Path, workers) -> Step:
+    from .cli import validate
+
+    step = Step("validate (all tiers)")
+    t0 = time.monotonic()
+    args = Namespace(impl=None, tiers=None, quick=False, no_slow=False, evals=False,
+                     gsm8k_dir=None, gsm8k_limit=None, gsm8k_backends="reference,packed",
+                     out=out, workers=workers, suite=None, no_progress=True, no_plots=False,
+                     pytest_args=[])
+    code = validate(args)
+    step.wall_s = time.monotonic() - t0
+    step.status = "passed" if code == 0 else "failed"
+    step.log = str(out / "validation.md")
+    try:
+        rep = json.loads((out / "validation.json").read_text())
+        ran = [t for t in rep["tiers"] if t["status"] != "not run"]
+        step.detail = ", ".join(f"{t['name']} {t['passed']}/{t['cases']}" for t in ran)
+        not_run = [t["name"] for t in rep["tiers"] if t["status"] == "not run"]
+        if not_run:
+            step.detail += f"; not run: {', '.join(not_run)}"
+    except (OSError, ValueError, KeyError):
+        step.detail = f"exit status {code}"
+    return step
+
+
+def accuracy_step(out: Path, gpus: int, env: dict) -> Step:
+    nproc, backend = (gpus, "nccl") if gpus >= 2 else (2, "gloo")
+    step = Step(f"accuracy N={nproc} {backend}")
+    report = out / "accuracy.json"
+    log = out / "accuracy.log"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+           f"--nproc-per-node={nproc}", "-m", "dcp_a2a.testing.accuracy",
+           "--dist-backend", backend, "--out", str(report), "--quiet"]
+    code, step.wall_s = _run(cmd, log, env)
+    step.log = str(log)
+    step.status = "passed" if code == 0 else "failed"
+    try:
+        rep = json.loads(report.read_text())
+        failed = sum(not c["ok"] for c in rep["cases"])
+        bitwise = all(c.get("bitwise_packed_eq_two_collective", True) for c in rep["cases"])
+        step.detail = (f"{len(rep['cases'])} cases, {failed} failed; packed == two_collective "
+                       f"bitwise: {'yes' if bitwise else 'NO'}")
+    except (OSError, ValueError, KeyError):
+        step.detail = f"exit status {code}: {_tail(log)}"
+    return step
+
+
+def bench_step(out: Path, env: dict) -> Step:
+    step = Step("bench (quick)")
+    report = out / "bench.json"
+    log = out / "bench.log"
+    code, step.wall_s = _run([sys.executable, "-m", "dcp_a2a.testing.bench", "--quick",
+                              "--out", str(report)], log, env)
+    step.log = str(log)
+    step.status = "passed" if code == 0 else "failed"
+    try:
+        rep = json.loads(report.read_text())
+        rows = [r for r in rep["rows"] if r["variant"] == "default"
+                and r["op"] in ("pack", "unpack_combine")]
+        step.detail = "; ".join(f"{r['op']} {r['shape']}: {r['us']:.1f} us "
+                                f"({r['pct_copy']:.0f}% of copy)" for r in rows)
+    except (OSError, ValueError, KeyError):
+        step.detail = f"exit status {code}: {_tail(log)}"
+    return step
+
+
+def summary(steps: list[Step], machine: str) -> str:
+    ok = all(s.status == "passed" for s in steps)
+    w = max(len(s.name) for s in steps)
+    lines = [f"dcp-a2a gpu-check on {machine}", ""]
+    for s in steps:
+        lines.append(f"{s.name:<{w}}  {s.status.upper() if s.status != 'passed' else 'passed':<7}"
+                     f" {s.wall_s:7.1f} s  {s.detail}")
+    lines += ["", "gpu-check: " + ("PASS" if ok else "FAIL")]
+    return "\n".join(lines)
+
+
+def main(args) -> int:
+    import torch
+
+    from .rankpool import gpu_count
+
+    gpus = gpu_count()
+    if gpus == 0:
+        print("dcp-a2a gpu-check: no CUDA GPU visible; it checks compiled kernels and NCCL "
+              "(on a CPU machine run `dcp-a2a validate`)", file=sys.stderr)
+        return 3
+    out = args.out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    env = _env()
+    steps = [validate_step(out, args.workers), accuracy_step(out, gpus, env),
+             bench_step(out, env)]
+    machine = (f"{gpus} x {torch.cuda.get_device_name(0)}, torch {torch.__version__}, "
+               f"triton {__import__('triton').__version__}")
+    text = summary(steps, machine)
+    (out / "gpu-check.md").write_text("```\n" + text + "\n```\n")
+    print("\n" + text, flush=True)
+    return 0 if all(s.status == "passed" for s in steps) else 1
