@@ -302,6 +302,7 @@ def validate(args) -> int:
                          "collect_errors": res.session.get("collect_errors", 0),
                          "problem": run_problem(res)})
     failures = [{"nodeid": r["nodeid"], "tiers": r.get("tiers", []), "outcome": r["outcome"],
+                 "clause": r.get("clause"),
                  "phase": r.get("phase"), "message": r.get("message", ""),
                  "text": r.get("text", "")}
                 for r in records if r["outcome"] in ("failed", "error")]

@@ -21,6 +21,20 @@ import dcp_a2a  # noqa: F401  (chooses compiled or interpreted Triton before any
 
 from .impl import DEFAULT_SPEC, ENV_VAR, load_impl
 
+# The parts of the contract a conformance test can check (its ``clause`` marker); a report
+# groups failures by them, so an engine author reads divergences by class.
+CLAUSES = {
+    "wire format": "the send buffer's layout: heads per peer, output lanes bit for bit, the "
+                   "fp32 LSE bits in the trailing lanes",
+    "merge bound": "the merged output and LSE within the derived bound of the float64 oracle "
+                   "(NaN/inf LSEs, zero weights, extremes, determinism)",
+    "masking": "rows of empty KV shards and padding rows leave the merge untouched",
+    "exchange": "lse_reduce over real process groups (and a group of one): every rank gets the "
+                "merge of its heads",
+    "bad input": "a clear ValueError/TypeError before any launch or collective",
+    "graphs": "buffers under CUDA graphs: capture, regrowth, shared pools, aliasing, streams",
+}
+
 MARKERS = {
     "unit": "fast pure-host tests (argument checks, reference math on hand-computed cases)",
     "kernel": "Triton kernels against the reference (interpreter on CPU, compiled on CUDA)",
@@ -34,6 +48,10 @@ MARKERS = {
     "slow": "long-running; excluded from the quick subset",
     "selfcheck": "runs the conformance tier against every mutant (minutes); not part of any "
                  "validate tier",
+    "clause(name)": "the contract clause a conformance test checks: " + ", ".join(CLAUSES),
+    # pytest-xdist's own marker, registered here too so that runs without xdist (-p no:xdist)
+    # still accept it under --strict-markers
+    "xdist_group(name)": "tests that must share one xdist worker under --dist loadgroup",
 }
 
 # The pool of the multi-process tests: a WORLD of 8 ranks with subgroups of ranks {0,1},
@@ -67,9 +85,28 @@ def pytest_configure(config):
     os.environ[ENV_VAR] = spec
 
 
+# The conformance suite runs its cheapest, most discriminating checks first (so that ``-x``, as
+# the self-check runs each mutant, stops early): single-process contract tests, then the group of
+# 3 ranks, then numerics, then the pools of ranks.
+_SUITE_ORDER = ("conformance/test_args", "conformance/test_wire_format", "conformance/test_merge",
+                "conformance/test_process_groups", "conformance/test_pack",
+                "conformance/test_combine", "conformance/test_group_of_one",
+                "conformance/numerics/", "conformance/test_multiproc", "conformance/test_nccl")
+
+
+def _suite_rank(item) -> int:
+    path = str(getattr(item, "path", "")).replace("\\", "/")
+    for i, key in enumerate(_SUITE_ORDER):
+        if f"dcp_a2a/testing/{key}" in path:
+            return i
+    return len(_SUITE_ORDER)
+
+
 def pytest_collection_modifyitems(config, items):
-    """Tests on the pool of ranks share one worker under ``--dist loadgroup``: one pool of 8
-    ranks instead of one per xdist worker (on a GPU machine each rank holds a CUDA context)."""
+    """Order the conformance suite (see _SUITE_ORDER; a stable sort, other tests after it).
+    Tests on the pool of ranks share one worker under ``--dist loadgroup``: one pool of 8 ranks
+    instead of one per xdist worker (on a GPU machine each rank holds a CUDA context)."""
+    items.sort(key=_suite_rank)
     for item in items:
         if "rank_pool" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.xdist_group("rank_pool"))

@@ -39,7 +39,7 @@ TIERS = ("unit", "kernel", "multiproc", "conformance", "numerics", "gpu", "multi
 _MAX_TEXT = 6000
 # pytest's own marks say nothing about what a test covers
 _PYTEST_MARKS = {"parametrize", "usefixtures", "filterwarnings", "skip", "skipif", "xfail",
-                 "timeout", "xdist_group", "flaky"}
+                 "timeout", "xdist_group", "flaky", "clause"}
 
 
 def pytest_addoption(parser):
@@ -125,6 +125,9 @@ def pytest_collection_modifyitems(session, config, items):
         if reason is None:
             item.user_properties.append(("dcp_tiers", tiers))
             item.user_properties.append(("dcp_markers", marks))
+            clause = item.get_closest_marker("clause")
+            if clause is not None and clause.args:
+                item.user_properties.append(("dcp_clause", str(clause.args[0])))
             keep.append(item)
         else:
             dropped.append({"nodeid": item.nodeid, "tiers": tiers, "markers": marks,
@@ -178,6 +181,8 @@ class _Recorder:
                 rec["tiers"] = list(v)
             elif k == "dcp_markers":
                 rec["markers"] = list(v)
+            elif k == "dcp_clause":
+                rec["clause"] = v
         merges = [v for k, v in props if k == "merge_report"]
         if merges:
             rec["merge_reports"] = merges  # cumulative on the item: the last phase has all

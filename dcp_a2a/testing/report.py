@@ -90,6 +90,10 @@ def summary_table(report: dict) -> str:
     if notes:
         out += [""] + notes
     fails = report.get("failures", [])
+    by_clause = failures_by_clause(fails)
+    if by_clause:
+        out += ["", "failures by contract clause: " + ", ".join(
+            f"{c} {len(fs)}" for c, fs in by_clause.items())]
     if fails:
         out += ["", f"failures ({len(fails)}), grouped by their first error line:"]
         groups: dict[str, list] = {}
@@ -113,6 +117,16 @@ def summary_table(report: dict) -> str:
             f"report: {report['paths']['markdown']}  {report['paths']['json']}"
             + "".join(f"  {p}" for p in report["paths"]["png"].values())]
     return "\n".join(out)
+
+
+def failures_by_clause(fails: list[dict]) -> dict[str, list]:
+    """Failed conformance tests per contract clause (their ``clause`` marker), largest first;
+    failures of tests without a clause are not listed here."""
+    groups: dict[str, list] = {}
+    for f in fails:
+        if f.get("clause"):
+            groups.setdefault(f["clause"], []).append(f)
+    return dict(sorted(groups.items(), key=lambda kv: -len(kv[1])))
 
 
 def _n(k: int, noun: str) -> str:
@@ -257,6 +271,15 @@ def write_markdown(report: dict, path: Path) -> None:
                      f"{d['upstream_would_pass']}/{d['checks']} | "
                      + (f"![{dt}]({Path(png).name})" if png else "-") + " |")
     fails = report.get("failures", [])
+    by_clause = failures_by_clause(fails)
+    if by_clause:
+        from .plugin import CLAUSES
+
+        L += ["", "## Failures by contract clause", "",
+              "| clause | failed tests | what the clause says | first failure |",
+              "|---|--:|---|---|"]
+        for c, fs in by_clause.items():
+            L.append(f"| {c} | {len(fs)} | {CLAUSES.get(c, '-')} | `{fs[0]['nodeid']}` |")
     if fails:
         L += ["", f"## Failures ({len(fails)})", ""]
         for f in fails[:50]:

@@ -211,26 +211,17 @@ def run_one(spec: str, kind: str, *, root: Path, jobs: int, timeout: float, work
     t0 = time.time()
     with open(log, "w") as fh:
         fh.write(" ".join(cmd) + "\n")
-        fh.flush()
-        # its own session, so that a timeout or an interrupt ends pytest and all its workers
-        proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=fh, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-        _LIVE.add(proc)
-        try:
-            proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            _kill_group(proc)
-            run.notes.append(f"timed out after {timeout:.0f} s")
-        except BaseException:
-            _kill_group(proc)
-            raise
-        finally:
-            _LIVE.discard(proc)
+    if jobs == 1 and _forkable():
+        returncode, timed_out = _pytest_forked(cmd[3:], root, env, log, timeout)
+    else:
+        returncode, timed_out = _pytest_subprocess(cmd, root, env, log, timeout)
+    if timed_out:
+        run.notes.append(f"timed out after {timeout:.0f} s")
     run.seconds = time.time() - t0
     run.log = str(log)
     _read_results(Path(str(prefix) + ".results.jsonl"), run)
     if run.exitstatus is None:
-        run.exitstatus = proc.returncode
+        run.exitstatus = returncode
     timed_out = any(n.startswith("timed out") for n in run.notes)
     if kind == "correct":
         if timed_out or run.collect_errors:
@@ -256,12 +247,93 @@ def run_one(spec: str, kind: str, *, root: Path, jobs: int, timeout: float, work
     return run
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
+def _pytest_subprocess(cmd, root, env, log, timeout) -> tuple[int | None, bool]:
+    with open(log, "a") as fh:
+        # its own session, so that a timeout or an interrupt ends pytest and all its workers
+        proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=fh, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    _LIVE.add(proc)
     try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
+        proc.wait(timeout=timeout)
+        return proc.returncode, False
+    except subprocess.TimeoutExpired:
+        _kill_group(proc)
+        return proc.returncode, True
+    except BaseException:
+        _kill_group(proc)
+        raise
+    finally:
+        _LIVE.discard(proc)
+
+
+# A mutant's run is a few seconds of tests after ~8 s of start-up (torch, Triton, pytest,
+# collection). On a machine without GPUs its pytest session is a fork of one server that has
+# imported all that once: the self-check's CPU time drops by about half. (With GPUs each run
+# needs its own CUDA context: fresh subprocesses.)
+_PRELOAD = ["torch", "torch.distributed", "numpy", "scipy.special", "triton", "pytest",
+            "hypothesis", "filelock", "yaml", "dcp_a2a", "dcp_a2a.testing.plugin",
+            "dcp_a2a.testing.recorder", "dcp_a2a.testing.compare", "dcp_a2a.testing.exchange",
+            "dcp_a2a.testing.tasks", "dcp_a2a.reference.contract"]
+
+
+def _forkable() -> bool:
+    from .rankpool import gpu_count
+
+    return gpu_count() == 0
+
+
+def _pytest_child(args, cwd, env, log) -> None:
+    os.setsid()  # a session of its own: a timeout kills it with everything it started
+    os.chdir(cwd)
+    os.environ.clear()
+    os.environ.update(env)
+    sys.path[:0] = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    fd = os.open(log, os.O_WRONLY | os.O_APPEND)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    code = 3
+    try:
+        import pytest
+
+        code = int(pytest.main(list(args)))
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+def _pytest_forked(args, root, env, log, timeout) -> tuple[int | None, bool]:
+    import multiprocessing as mp
+
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(_PRELOAD)
+    proc = ctx.Process(target=_pytest_child, args=(list(args), str(root), env, str(log)))
+    proc.start()
+    _LIVE.add(proc)
+    try:
+        proc.join(timeout)
+        if proc.exitcode is None:
+            _kill_group(proc)
+            return None, True
+        return proc.exitcode, False
+    except BaseException:
+        _kill_group(proc)
+        raise
+    finally:
+        _LIVE.discard(proc)
+
+
+def _kill_group(proc) -> None:
+    """Kill a pytest session (a subprocess or a forked one) and everything it started."""
+    pid = proc.pid
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
         pass
-    proc.wait()
+    if isinstance(proc, subprocess.Popen):
+        proc.wait()
+    else:
+        proc.join(10)
 
 
 def _raise_on_sigterm(signum, frame):

@@ -9,7 +9,7 @@ import torch
 from dcp_a2a import Group
 from dcp_a2a.testing.data import partials
 
-pytestmark = [pytest.mark.unit, pytest.mark.conformance]
+pytestmark = [pytest.mark.unit, pytest.mark.conformance, pytest.mark.clause("bad input")]
 
 FLOAT8 = [getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz",
                                       "float8_e5m2fnuz", "float8_e8m0fnu") if hasattr(torch, n)]

@@ -10,7 +10,7 @@ import torch
 from dcp_a2a.testing.data import DTYPES, heads_of, partials
 from dcp_a2a.testing.exchange import exchange, merge_all, pack_all
 
-pytestmark = [pytest.mark.kernel, pytest.mark.conformance]
+pytestmark = [pytest.mark.kernel, pytest.mark.conformance, pytest.mark.clause("merge bound")]
 
 
 
@@ -75,6 +75,7 @@ def test_nan_and_inf_lses_and_empty_partials(impl, device, merge_check, dtype):
         merge_check(out, lse, outs.cpu(), lses.cpu(), heads=heads_of(r, n, h))
 
 
+@pytest.mark.clause("masking")  # overrides the module's clause
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_empty_shard_rows_with_nan_partials(impl, device, merge_check, dtype):
     """A rank with no local KV for some requests produces garbage (NaN) partials there; with

@@ -17,7 +17,7 @@ from dcp_a2a.testing.data import DTYPES, partials
 from dcp_a2a.testing.conformance._spec import build_recv, pack_dim, raw_bits
 from dcp_a2a.testing.data import heads_of
 
-pytestmark = pytest.mark.conformance
+pytestmark = [pytest.mark.conformance, pytest.mark.clause("merge bound")]
 
 
 class _OneRank:
@@ -106,6 +106,7 @@ def test_repeatable_and_batch_invariant(impl, device):
         assert torch.equal(alone[1][0], first[1][row])
 
 
+@pytest.mark.clause("exchange")  # overrides the module's clause
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_group_of_one_is_a_pass_through(impl, device, dtype):
     """lse_reduce on a group of one returns the partial itself, bit for bit, and its LSE as
@@ -125,6 +126,7 @@ def test_group_of_one_is_a_pass_through(impl, device, dtype):
     assert (raw_bits(out) == before).all(), "lse_reduce modified its input"
 
 
+@pytest.mark.clause("masking")  # overrides the module's clause
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_group_of_one_masks_empty_and_padding_rows(impl, device, dtype):
     """Rows whose request has no local KV and padding rows merge to 0 with LSE -inf even on a
@@ -151,6 +153,7 @@ def _float8_dtypes():
                                         "float8_e5m2fnuz") if hasattr(torch, n)]
 
 
+@pytest.mark.clause("bad input")  # overrides the module's clause
 @pytest.mark.parametrize("dtype", _float8_dtypes() + [torch.float64], ids=str)
 def test_unsupported_output_dtypes_rejected_everywhere(impl, device, dtype):
     """No wire format exists for float8 (cannot carry the float32 LSE bits) or float64: every
@@ -163,6 +166,7 @@ def test_unsupported_output_dtypes_rejected_everywhere(impl, device, dtype):
         impl.lse_reduce(outs[0].to(dtype), lses[0], _OneRank())
 
 
+@pytest.mark.clause("bad input")  # overrides the module's clause
 @pytest.mark.parametrize("h,n", [(6, 4), (5, 2)])
 def test_heads_not_divisible_is_a_value_error(impl, device, h, n):
     """H % N != 0 is refused before any collective (group with no process group: a hang or an

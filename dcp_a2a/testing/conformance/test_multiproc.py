@@ -18,7 +18,7 @@ from dcp_a2a.testing import tasks as mp_tasks
 from dcp_a2a.testing.data import DTYPES, partials
 from dcp_a2a.testing.groups import check_rank_result, masked_partials, run_and_check, run_cases
 
-pytestmark = [pytest.mark.multiproc, pytest.mark.conformance]
+pytestmark = [pytest.mark.multiproc, pytest.mark.conformance, pytest.mark.clause("exchange")]
 
 BASES = (True, False)  # is_lse_base_on_e
 
@@ -39,6 +39,7 @@ def test_matches_oracle_on_every_rank(rank_pool, merge_check, impl, n, dtype):
     run_and_check(rank_pool, merge_check, n, cases, data)
 
 
+@pytest.mark.clause("masking")  # overrides the module's clause
 @pytest.mark.parametrize("dtype", DTYPES, ids=_ids)
 @pytest.mark.parametrize("n", [2, 4])
 def test_empty_shards_and_padding_rows(rank_pool, merge_check, impl, n, dtype):
@@ -93,6 +94,7 @@ def test_eight_ranks(rank_pool, merge_check, impl):
         check_rank_result(merge_check, results[r][1], r, n, m_outs, m_oracle, cases[1])
 
 
+@pytest.mark.clause("bad input")  # overrides the module's clause
 def test_bad_head_split_raises_on_every_rank_without_hanging(rank_pool, impl):
     """H not divisible by N: every rank raises ValueError before entering a collective (a
     rank that entered one would hang its peers; the pool's watchdog would then fail this)."""

@@ -10,7 +10,9 @@ from dcp_a2a.testing.groups import masked_partials, run_cases
 from dcp_a2a.testing.plugin import need_gpus as _need
 from dcp_a2a.testing.data import heads_of
 
-pytestmark = [pytest.mark.multigpu, pytest.mark.multiproc, pytest.mark.conformance]
+pytestmark = [
+    pytest.mark.multigpu, pytest.mark.multiproc, pytest.mark.conformance, pytest.mark.clause("exchange"),
+]
 
 
 @pytest.mark.parametrize("n", [2, 4])

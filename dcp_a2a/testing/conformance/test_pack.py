@@ -11,7 +11,7 @@ from dcp_a2a import reference
 from dcp_a2a.testing.data import DTYPES, bits_view, partials, poison_like
 from dcp_a2a.testing.exchange import pack_all
 
-pytestmark = [pytest.mark.kernel, pytest.mark.conformance]
+pytestmark = [pytest.mark.kernel, pytest.mark.conformance, pytest.mark.clause("wire format")]
 
 
 def _ref_send(outs_r, lse_r, n, **mask):
@@ -95,6 +95,7 @@ def _mask_case(device):
     return seq_lens, qsl, empty_rows
 
 
+@pytest.mark.clause("masking")  # overrides the module's clause
 @pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64], ids=str)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_empty_shard_and_padding_rows_masked(impl, device, dtype, index_dtype):

@@ -18,7 +18,7 @@ from filelock import FileLock
 from dcp_a2a.testing.conformance._ranks import BY_NAME, SCENARIOS, run_group, scenario_inputs
 from dcp_a2a.testing.data import heads_of
 
-pytestmark = [pytest.mark.conformance, pytest.mark.multiproc]
+pytestmark = [pytest.mark.conformance, pytest.mark.multiproc, pytest.mark.clause("exchange")]
 
 
 @pytest.fixture(scope="session")
@@ -74,6 +74,7 @@ def test_every_rank_gets_the_merge_of_its_heads(impl, group_results, merge_check
         assert rec["inputs_untouched"], f"rank {r}: lse_reduce modified its out/lse"
 
 
+@pytest.mark.clause("bad input")  # overrides the module's clause
 @pytest.mark.parametrize("name", [s.name for s in SCENARIOS if s.h % s.n])
 def test_bad_input_raises_on_every_rank_without_hanging(impl, group_results, name):
     """A ValueError on every rank, before any rank enters a collective (otherwise the others

@@ -16,7 +16,7 @@ import torch
 from dcp_a2a.testing.data import DTYPES, partials, poison_like
 from dcp_a2a.testing.conformance._spec import expected_send, pack_dim, raw_bits
 
-pytestmark = pytest.mark.conformance
+pytestmark = [pytest.mark.conformance, pytest.mark.clause("wire format")]
 
 
 def _pack(impl, out, lse, n, **mask):
@@ -83,6 +83,7 @@ def test_lse_special_values_carried_exactly(impl, device, dtype):
     _assert_wire_equal(send, expected_send(outs[0], lse, n))
 
 
+@pytest.mark.clause("masking")  # overrides the module's clause
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_masked_rows_go_out_as_minus_inf(impl, device, dtype):
     """seq_lens/query_start_loc: rows of requests with no local KV, and padding rows at or
@@ -109,6 +110,7 @@ def test_non_contiguous_inputs(impl, device, dtype):
     _assert_wire_equal(send, expected_send(out, lse, n))
 
 
+@pytest.mark.clause("bad input")  # overrides the module's clause
 @pytest.mark.parametrize("offset", [0, 24], ids=["send_at_out", "send_before_out"])
 def test_staging_buffer_overlapping_out(impl, device, offset):
     """A send buffer carved from the same memory as the attention output it packs (a shipped

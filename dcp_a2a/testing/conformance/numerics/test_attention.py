@@ -24,7 +24,7 @@ import torch
 from dcp_a2a.testing import tolerances as tol
 from dcp_a2a.testing.conformance.numerics import _bounds
 
-pytestmark = [pytest.mark.numerics, pytest.mark.conformance]
+pytestmark = [pytest.mark.numerics, pytest.mark.conformance, pytest.mark.clause("merge bound")]
 
 N, B, H, D = 4, 1, 8, 24  # D = 24: not a power of two; one row (rows cost, lanes do not)
 

@@ -10,7 +10,7 @@ import pytest
 
 from dcp_a2a.testing.conformance.numerics._batch import check_large_batch, pool  # noqa: F401
 
-pytestmark = [pytest.mark.numerics, pytest.mark.slow]
+pytestmark = [pytest.mark.numerics, pytest.mark.slow, pytest.mark.clause("merge bound")]
 
 
 def test_batch_invariance_1024_rows(impl, device, pool):  # noqa: F811

@@ -15,7 +15,7 @@ from dcp_a2a.testing.compare import check_merge
 from dcp_a2a.testing.data import partials
 from dcp_a2a.testing.degraded import MUTANTS, correctly_rounded
 
-pytestmark = [pytest.mark.numerics, pytest.mark.conformance]
+pytestmark = [pytest.mark.numerics, pytest.mark.conformance, pytest.mark.clause("merge bound")]
 
 SIXTEEN = (torch.float16, torch.bfloat16)
 SHAPE = (4, 2, 64, 64)  # N, B, H, D: 8192 merged elements (few rows: rows cost, lanes not)

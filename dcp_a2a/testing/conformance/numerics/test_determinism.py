@@ -18,7 +18,7 @@ from dcp_a2a.testing.conformance.numerics._batch import check_large_batch, pool 
 from dcp_a2a.testing.data import DTYPES, bits_view, partials
 from dcp_a2a.testing.exchange import pack_all
 
-pytestmark = [pytest.mark.numerics, pytest.mark.conformance]
+pytestmark = [pytest.mark.numerics, pytest.mark.conformance, pytest.mark.clause("merge bound")]
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)

@@ -11,7 +11,7 @@ import torch
 
 from dcp_a2a.testing.data import DTYPES, partials
 
-pytestmark = [pytest.mark.numerics, pytest.mark.conformance]
+pytestmark = [pytest.mark.numerics, pytest.mark.conformance, pytest.mark.clause("merge bound")]
 
 ids = str
 F32_MAX = torch.finfo(torch.float32).max

@@ -18,7 +18,7 @@ import torch
 from dcp_a2a.testing.data import DTYPES, bits_view, partials
 from dcp_a2a.testing.conformance.numerics import _bounds
 
-pytestmark = [pytest.mark.numerics, pytest.mark.conformance]
+pytestmark = [pytest.mark.numerics, pytest.mark.conformance, pytest.mark.clause("merge bound")]
 
 ids = str
 

@@ -17,7 +17,7 @@ from dcp_a2a.testing.compare import check_merge
 from dcp_a2a.testing.data import DTYPES
 from dcp_a2a.testing.degraded import correctly_rounded
 
-pytestmark = [pytest.mark.numerics, pytest.mark.conformance]
+pytestmark = [pytest.mark.numerics, pytest.mark.conformance, pytest.mark.clause("merge bound")]
 
 MERGE_EXAMPLES = 12
 ORACLE_EXAMPLES = 60

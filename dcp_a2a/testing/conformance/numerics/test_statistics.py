@@ -27,7 +27,7 @@ from dcp_a2a.reference import lse_weighted_combine
 from dcp_a2a.testing.data import partials
 from dcp_a2a.testing.degraded import truncate_to
 
-pytestmark = [pytest.mark.numerics, pytest.mark.conformance]
+pytestmark = [pytest.mark.numerics, pytest.mark.conformance, pytest.mark.clause("merge bound")]
 
 ALPHA = 1e-3
 SHAPE = (2, 8, 256, 128)  # N, B, H, D: rank 0 merges 8 x 128 x 128 = 131072 elements
