@@ -17,9 +17,11 @@ Three ways engines broke this feature, and the rule here that rules each one out
    -> Buffers come from their own allocations, never from a caller's workspace, and
       ``pack_send`` refuses a send buffer that overlaps its inputs.
 
-Eager calls reuse one grow-only pair per (device, dtype, tag): the hot path allocates nothing
-once the largest shape has been seen. Reuse is safe because every consumer of a receive buffer
-(the combine kernel) runs on the same stream before the next call can write it.
+Eager calls reuse one grow-only pair per (device, stream, dtype, tag): the hot path allocates
+nothing once the largest shape has been seen. Reuse is safe because every consumer of a receive
+buffer (the combine kernel) runs on the same stream before the next call on that stream can
+write it; a call on another stream gets buffers of its own (two streams sharing one pair raced:
+the second call's pack overwrote what the first call's combine was still reading).
 """
 
 from __future__ import annotations
@@ -43,6 +45,10 @@ def _capturing(device: torch.device) -> bool:
     return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
 
 
+def _stream_key(device: torch.device):
+    return torch.cuda.current_stream(device).stream_id if device.type == "cuda" else None
+
+
 class StagingBuffers:
     """Owner of the send/recv pairs used by ``lse_reduce``. One per process (or per engine)."""
 
@@ -54,7 +60,8 @@ class StagingBuffers:
     def get(self, shape, dtype: torch.dtype, device, tag: str, avoid=()) -> torch.Tensor:
         """A contiguous scratch tensor of ``shape`` for ``tag``; never overlapping ``avoid``.
 
-        Eager: a view of the grow-only buffer for (device, dtype, tag). While the current stream
+        Eager: a view of the grow-only buffer for (device, current stream, dtype, tag). While the
+        current stream
         is capturing: a fresh tensor pinned by this owner. If the eager buffer overlaps one of the
         ``avoid`` tensors (a caller's input that lives in memory this owner handed out), a
         dedicated tensor is returned instead of corrupting that input.
@@ -68,7 +75,7 @@ class StagingBuffers:
             with self._lock:
                 self._captured.append(t)
             return t
-        key = (device, dtype, tag)
+        key = (device, _stream_key(device), dtype, tag)
         with self._lock:
             flat = self._eager.get(key)
             if flat is None or flat.numel() < numel:

@@ -88,7 +88,8 @@ def pytest_configure(config):
 # The conformance suite runs its cheapest, most discriminating checks first (so that ``-x``, as
 # the self-check runs each mutant, stops early): single-process contract tests, then the group of
 # 3 ranks, then numerics, then the pools of ranks.
-_SUITE_ORDER = ("conformance/test_args", "conformance/test_wire_format", "conformance/test_merge",
+_SUITE_ORDER = ("conformance/test_args", "conformance/test_graphs", "conformance/test_wire_format",
+                "conformance/test_merge",
                 "conformance/test_process_groups", "conformance/test_pack",
                 "conformance/test_combine", "conformance/test_group_of_one",
                 "conformance/numerics/", "conformance/test_multiproc", "conformance/test_nccl")

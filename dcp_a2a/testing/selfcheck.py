@@ -61,7 +61,7 @@ class Run:
 
     @property
     def ok(self) -> bool:
-        return self.verdict in ("pass", "killed")
+        return self.verdict in ("pass", "killed", "not run")
 
 
 CONFORMANCE_DIR = Path(__file__).resolve().parent / "conformance"
@@ -86,6 +86,25 @@ def discover_mutants(root: Path | None = None) -> list[tuple[str, str]]:
         first = doc.strip().splitlines()[0] if doc.strip() else "(no description)"
         out.append((f"{MUTANTS_PACKAGE}.{f.stem}", first))
     return out
+
+
+def needs_gpus(spec: str) -> int:
+    """The mutant's ``NEEDS_GPUS = k`` (module level; 0 when absent): its bug shows only under
+    CUDA graphs or NCCL, so it is judged only where k GPUs are visible. Read without importing."""
+    import importlib.util
+
+    try:
+        found = importlib.util.find_spec(spec.partition(":")[0])
+    except (ImportError, ValueError):
+        return 0
+    if found is None or not found.origin or not found.origin.endswith(".py"):
+        return 0
+    for node in ast.parse(Path(found.origin).read_text()).body:
+        if (isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "NEEDS_GPUS"
+                                                 for t in node.targets)
+                and isinstance(node.value, ast.Constant)):
+            return int(node.value.value)
+    return 0
 
 
 def describe_spec(spec: str) -> str:
@@ -190,6 +209,15 @@ def run_one(spec: str, kind: str, *, root: Path, jobs: int, timeout: float, work
             paths: list[str], marker: str, description: str = "",
             broken: str = "") -> Run:
     run = Run(spec=spec, kind=kind, description=description)
+    if kind == "mutant":
+        from .rankpool import gpu_count
+
+        need, have = needs_gpus(spec), gpu_count()
+        if need > have:
+            run.verdict = "not run"
+            run.notes.append(f"needs {need} CUDA GPU(s) (its bug shows under CUDA graphs); "
+                             f"this machine has {have}")
+            return run
     if broken:
         run.verdict = "error"
         run.notes.append(f"cannot be loaded: {broken}")
@@ -356,7 +384,8 @@ def kill_table(runs: list[Run]) -> str:
     for r in runs:
         if r.kind == "mutant":
             name = r.spec.removeprefix(MUTANTS_PACKAGE + ".")
-            killed = {"killed": "yes", "SURVIVED": "**NO**"}.get(r.verdict, f"**{r.verdict}**")
+            killed = {"killed": "yes", "SURVIVED": "**NO**",
+                      "not run": "not run here"}.get(r.verdict, f"**{r.verdict}**")
             lines.append(f"| `{name}` | {killed} | `{r.first_failure or '-'}` | "
                          f"{r.seconds:.1f} s | {r.description} |")
     return "\n".join(lines)
@@ -456,6 +485,10 @@ def main(argv=None) -> int:
     bad = [r for r in runs if not r.ok]
     n_mut = sum(r.kind == "mutant" for r in runs)
     n_killed = sum(r.verdict == "killed" for r in runs)
+    n_not_run = sum(r.verdict == "not run" for r in runs)
+    if n_not_run:
+        print(f"\n{n_not_run} mutant(s) not run here: their bug shows only on a GPU "
+              "(run the self-check on a GPU machine)")
     print(f"\n{n_killed}/{n_mut} mutants killed; {len(runs) - n_mut} correct implementation(s) "
           f"run; total {total:.1f} s; logs in {workdir}")
     for r in bad:

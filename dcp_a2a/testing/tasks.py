@@ -199,3 +199,12 @@ class _BrokenImpl:
 
 
 BROKEN = _BrokenImpl()
+
+
+# --------------------------------------------------------------------------- CUDA graphs
+def graph_scenario(ctx, scenario: str):
+    """One scenario of dcp_a2a.testing.graphs on this rank of the pool's NCCL group: the
+    failures it found (an empty list when the implementation under test is right)."""
+    from dcp_a2a.testing import graphs
+
+    return graphs.run(scenario, _impl(), ctx.group(), ctx.rank, ctx.world_size, ctx.device)

@@ -16,7 +16,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from dcp_a2a.testing.selfcheck import discover_mutants
+from dcp_a2a.testing.rankpool import gpu_count
+from dcp_a2a.testing.selfcheck import discover_mutants, needs_gpus
 
 pytestmark = pytest.mark.selfcheck
 
@@ -79,7 +80,10 @@ def test_every_mutant_killed_and_correct_implementations_pass(tmp_path):
             f"{spec}: {r['verdict']}, first failure {r['first_failure']}: {r['failure_text']}"
     mutants = [r for r in runs if r["kind"] == "mutant"]
     assert len(mutants) == len(discover_mutants(ROOT))
+    gpus = gpu_count()
+    # a mutant whose bug shows only under CUDA graphs is judged where there are GPUs
     survivors = [f"{r['spec']} ({r['verdict']}: {'; '.join(r['notes'])})" for r in mutants
-                 if r["verdict"] != "killed"]
+                 if not (r["verdict"] == "killed" or (r["verdict"] == "not run"
+                                                       and needs_gpus(r["spec"]) > gpus))]
     assert not survivors, "not killed: " + ", ".join(survivors) + "\n" + proc.stdout[-4000:]
     assert proc.returncode == 0 and report["ok"]

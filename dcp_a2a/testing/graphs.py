@@ -1,0 +1,216 @@
+"""Buffer lifetimes under CUDA graphs and streams, for ANY implementation of the contract: the
+bug classes that reached engines after the packed all-to-all shipped.
+
+    capture_grow_replay      capture lse_reduce at a small B; an eager call at a much larger B
+                             (any buffer the implementation owns may grow); memory it freed is
+                             taken back by other tensors; replay: bytes right, nothing else hit
+    pool_shuffled_replays    graphs of several B captured from one graph pool, each next to a
+                             static buffer of its own; replayed in a shuffled order, eager calls
+                             in between: every graph's output (and static buffer) right
+    staging_next_to_inputs   the partials carved from one workspace as engines carve them (out,
+                             then lse, then other live data), also right after a previous call's
+                             results were freed: inputs and neighbours untouched, results right
+    streams_and_delay        back-to-back calls on two CUDA streams; then one rank delayed by a
+                             spin kernel before its call: results right
+
+Each scenario runs on one rank of a group (a group of one on one GPU, or an NCCL group), makes
+every rank's partials from seeds (so each rank can build the float64 oracle of its heads), and
+returns a list of failures, each naming the scenario, the step and the worst wrong element.
+Nothing here imports pytest: NCCL ranks run these functions.
+"""
+
+from __future__ import annotations
+
+import random
+
+import torch
+
+from .compare import check_merge
+from .data import heads_of
+
+SCENARIOS = ("capture_grow_replay", "pool_shuffled_replays", "staging_next_to_inputs",
+             "streams_and_delay")
+CUDA_ONLY = ("capture_grow_replay", "pool_shuffled_replays", "streams_and_delay")
+H, D = 8, 96            # heads (any N in {1, 2, 4, 8} divides them) and a head dim of 96
+DTYPE = torch.bfloat16
+
+
+def partials(n: int, b: int, seed: int, device, dtype=DTYPE):
+    """Every rank's (out[N, B, H, D], lse[N, B, H] float32) for a step, on ``device``."""
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    outs = torch.randn(n, b, H, D, generator=g).to(dtype)
+    lses = torch.randn(1, b, H, generator=g) * 8.0 + torch.randn(n, b, H, generator=g) * 4.0
+    return outs.to(device), lses.to(device)
+
+
+class Checker:
+    """Checks one rank's results against the oracle of every rank's partials; collects
+    failures."""
+
+    def __init__(self, scenario: str, rank: int, n: int):
+        self.scenario, self.rank, self.n = scenario, rank, n
+        self.failures: list[str] = []
+
+    def result(self, step: str, res, outs, lses) -> None:
+        out, lse = res if isinstance(res, tuple) else (res, None)
+        rep = check_merge(out, lse, outs, lses, heads=heads_of(self.rank, self.n, H),
+                          keep_ulp_errors=False)
+        if not rep.ok:
+            q = rep.output if not rep.output.ok else rep.lse
+            self.failures.append(
+                f"{self.scenario}, rank {self.rank}, {step}: {q.quantity} wrong in "
+                f"{q.failures} of {q.elements} elements; worst at {q.worst_index}: got "
+                f"{q.worst_actual!r}, expected {q.worst_expected!r}")
+
+    def untouched(self, step: str, what: str, now: torch.Tensor, before: torch.Tensor) -> None:
+        a, b = _bits(now), _bits(before)
+        if not torch.equal(a, b):
+            idx = int((a != b).flatten().nonzero()[0])
+            self.failures.append(f"{self.scenario}, rank {self.rank}, {step}: {what} was "
+                                 f"overwritten (first changed element at flat index {idx})")
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().view({1: torch.uint8, 2: torch.int16, 4: torch.int32}[t.element_size()])
+
+
+def _call(impl, group, out, lse):
+    return impl.lse_reduce(out, lse, group, return_lse=True)
+
+
+def _capture(fn, pool=None):
+    fn()  # warm up outside the capture (compiles, communicator set-up)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g, pool=pool):
+        res = fn()
+    return g, res
+
+
+def capture_grow_replay(impl, group, rank: int, n: int, device) -> list[str]:
+    chk = Checker("capture_grow_replay", rank, n)
+    outs, lses = partials(n, 4, 1, device)
+    out, lse = outs[rank].clone(), lses[rank].clone()
+    g, res = _capture(lambda: _call(impl, group, out, lse))
+    big_o, big_l = partials(n, 4096, 2, device)
+    chk.result("eager call at B=4096 after the capture", _call(impl, group, big_o[rank],
+                                                               big_l[rank]), big_o, big_l)
+    del big_o, big_l
+    torch.cuda.synchronize()
+    # take freed memory back: blocks of every size up to the big call's staging, filled with a
+    # sentinel; a replay that writes where the implementation's buffers were hits them
+    fillers = [torch.full((1 << k,), 0x5A, dtype=torch.uint8, device=device)
+               for k in range(10, 24) for _ in range(3)]
+    for step in range(3):
+        fresh_o, fresh_l = partials(n, 4, 10 + step, device)
+        out.copy_(fresh_o[rank])
+        lse.copy_(fresh_l[rank])
+        g.replay()
+        torch.cuda.synchronize()
+        chk.result(f"replay {step + 1} after the eager growth", res, fresh_o, fresh_l)
+    if not all(bool(torch.all(f == 0x5A)) for f in fillers):
+        chk.failures.append(f"capture_grow_replay, rank {rank}: a replay wrote into memory "
+                            "freed by the eager call (now other tensors')")
+    return chk.failures
+
+
+def pool_shuffled_replays(impl, group, rank: int, n: int, device, replays: int = 200
+                          ) -> list[str]:
+    chk = Checker("pool_shuffled_replays", rank, n)
+    pool = torch.cuda.graph_pool_handle()
+    graphs = {}
+    for b in (1, 3, 8, 17, 64):
+        outs, lses = partials(n, b, 100 + b, device)
+        out, lse = outs[rank].clone(), lses[rank].clone()
+        fn = lambda o=out, l=lse: _call(impl, group, o, l)  # noqa: E731
+        fn()
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, pool=pool):
+            static = torch.full((4096,), b, dtype=torch.uint8, device=device)
+            res = fn()
+        graphs[b] = dict(graph=g, res=res, static=static, inputs=(out, lse))
+    order = [b for b in graphs for _ in range(replays // len(graphs))]
+    random.Random(0).shuffle(order)  # the same order on every rank: the replays hold collectives
+    fed = {}
+    for i, b in enumerate(order):
+        gr = graphs[b]
+        fresh_o, fresh_l = partials(n, b, 1000 + i, device)
+        gr["inputs"][0].copy_(fresh_o[rank])
+        gr["inputs"][1].copy_(fresh_l[rank])
+        fed[b] = (fresh_o, fresh_l)
+        gr["graph"].replay()
+        if i % 25 == 24:  # an eager call in between, at a batch size of its own
+            eo, el = partials(n, 33, 5000 + i, device)
+            chk.result(f"eager call after replay {i + 1}", _call(impl, group, eo[rank], el[rank]),
+                       eo, el)
+        if i % 40 == 39 or i == len(order) - 1:
+            torch.cuda.synchronize()
+            for bb, gr2 in graphs.items():  # every graph's last output, not just this one's
+                if bb in fed:
+                    chk.result(f"graph B={bb} after {i + 1} shuffled replays", gr2["res"],
+                               *fed[bb])
+                if not bool(torch.all(gr2["static"] == bb)):
+                    chk.failures.append(f"pool_shuffled_replays, rank {rank}: graph B={bb}'s "
+                                        f"static buffer garbled after {i + 1} replays")
+    # (no early exit on a failure: every rank must issue the same collectives)
+    return chk.failures
+
+
+def staging_next_to_inputs(impl, group, rank: int, n: int, device) -> list[str]:
+    """(Needs no CUDA: it runs on the CPU too.)"""
+    chk = Checker("staging_next_to_inputs", rank, n)
+    sizes = (16, 64) if torch.device(device).type == "cpu" else (64, 512)
+    for step, b in enumerate(sizes):
+        # a previous call's results freed right before: the workspace below lands where they
+        # (and any buffers the implementation released) were
+        po, pl = partials(n, b, 300 + step, device)
+        prev = _call(impl, group, po[rank], pl[rank])
+        del prev, po, pl
+        outs, lses = partials(n, b, 400 + step, device)
+        out_bytes = outs[rank].numel() * outs.element_size()
+        lse_bytes = lses[rank].numel() * 4
+        tail = 1 << 20
+        ws = torch.empty(out_bytes + lse_bytes + tail, dtype=torch.uint8, device=device)
+        out = ws[:out_bytes].view(DTYPE).view(b, H, D)
+        lse = ws[out_bytes:out_bytes + lse_bytes].view(torch.float32).view(b, H)
+        neighbour = ws[out_bytes + lse_bytes:]
+        out.copy_(outs[rank])
+        lse.copy_(lses[rank])
+        neighbour.fill_(0xA5)
+        before = ws.clone()
+        res = _call(impl, group, out, lse)
+        if ws.is_cuda:
+            torch.cuda.synchronize()
+        chk.untouched(f"B={b}", "the workspace holding out, lse and their neighbour", ws, before)
+        chk.result(f"B={b}, partials carved from one workspace", res, outs, lses)
+    return chk.failures
+
+
+def streams_and_delay(impl, group, rank: int, n: int, device) -> list[str]:
+    chk = Checker("streams_and_delay", rank, n)
+    s1, s2 = torch.cuda.Stream(device), torch.cuda.Stream(device)
+    for step in range(8):
+        a_o, a_l = partials(n, 2048, 600 + step, device)
+        b_o, b_l = partials(n, 2048, 700 + step, device)
+        torch.cuda.synchronize()
+        with torch.cuda.stream(s1):
+            ra = _call(impl, group, a_o[rank], a_l[rank])
+        with torch.cuda.stream(s2):
+            rb = _call(impl, group, b_o[rank], b_l[rank])
+        torch.cuda.synchronize()
+        chk.result(f"call {step + 1} on stream 1", ra, a_o, a_l)
+        chk.result(f"call {step + 1} on stream 2", rb, b_o, b_l)
+    for step in range(4):
+        o, lse = partials(n, 256, 800 + step, device)
+        if rank == step % max(n, 1):
+            torch.cuda._sleep(50_000_000)  # ~25 ms of spinning before this rank's call
+        chk.result(f"call {step + 1} with rank {step % max(n, 1)} delayed",
+                   _call(impl, group, o[rank], lse[rank]), o, lse)
+    return chk.failures
+
+
+def run(scenario: str, impl, group, rank: int, n: int, device) -> list[str]:
+    if scenario not in SCENARIOS:
+        raise ValueError(f"unknown scenario {scenario!r}: one of {', '.join(SCENARIOS)}")
+    return globals()[scenario](impl, group, rank, n, device)
