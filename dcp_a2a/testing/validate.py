@@ -257,7 +257,8 @@ class RunResult:
 
 def pytest_command(spec: RunSpec, prefix: Path, *, impl: str | None, quick: bool,
                    extra: list[str] = (), suite_args=()) -> list[str]:
-    cmd = [sys.executable, "-m", "pytest", *suite_args, "-p", "dcp_a2a.testing.recorder",
+    cmd = [sys.executable, "-m", "pytest", *suite_args, "-p", "dcp_a2a.testing.plugin",
+           "-p", "dcp_a2a.testing.recorder",
            "--dcp-report", str(prefix), "--dcp-tiers", ",".join(spec.tiers),
            "-q", "-rfE", "--color=no"]
     if spec.exclude:

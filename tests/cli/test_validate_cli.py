@@ -140,3 +140,18 @@ def test_bad_impl_is_a_usage_error(tmp_path, capsys):
     code = cli.main(["validate", "--impl", "no_such_module_xyz", "--out", str(tmp_path)])
     assert code == cli.EXIT_USAGE
     assert "no_such_module_xyz" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_validate_runs_this_repository_suite(tmp_path):
+    """validate's own pytest command on the real suite (a handful of unit tests): its plugins
+    load and --impl is understood (a command that only worked on the synthetic suite once
+    reported 0 tests in every tier on a GPU machine)."""
+    out = tmp_path / "report"
+    code = cli.main(["validate", "--tiers", "unit", "--out", str(out), "-j", "0",
+                     "--no-progress", "--no-plots", "--", "-k", "test_lse_pack_dim"])
+    rep = json.loads((out / "validation.json").read_text())
+    unit = _tier(rep, "unit")
+    assert code == cli.EXIT_OK, rep["runs"]
+    assert unit["status"] == "passed" and unit["passed"] >= 3
+    assert all(r["problem"] is None for r in rep["runs"])
