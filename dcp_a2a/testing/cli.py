@@ -306,7 +306,11 @@ def validate(args) -> int:
                  "phase": r.get("phase"), "message": r.get("message", ""),
                  "text": r.get("text", "")}
                 for r in records if r["outcome"] in ("failed", "error")]
-    untiered = [d["nodeid"] for d in dropped if not d["tiers"]]
+    # the self-check's tests run the conformance tier per mutant: left out of every tier by
+    # design (python -m dcp_a2a.testing.selfcheck runs them); anything else without a tier is
+    # worth a note
+    selfcheck = [d["nodeid"] for d in dropped if not d["tiers"] and "selfcheck" in d["markers"]]
+    untiered = [d["nodeid"] for d in dropped if not d["tiers"] and d["nodeid"] not in selfcheck]
 
     failed = (any(t.status == "failed" for t in tiers) or bool(failures)
               or any(r["problem"] for r in runs_out) or any(e.status == "failed" for e in evals))
@@ -343,6 +347,7 @@ def validate(args) -> int:
         "headroom": val.headroom(worst),
         "requested_not_run": requested_not_run,
         "untiered_tests": untiered,
+        "selfcheck_tests": selfcheck,
         "dtypes": dtypes,
         "evals": [val.as_plain(e) for e in evals],
         "runs": runs_out,
@@ -365,6 +370,10 @@ def validate(args) -> int:
     if untiered:
         print(f"note: {len(untiered)} test(s) carry no tier marker and sit in no tests/<tier>/ "
               f"directory; they were not run (listed in validation.json: untiered_tests)")
+    if selfcheck:
+        print(f"note: the {len(selfcheck)} self-check tests belong to no tier by design (they "
+              f"run the conformance tier against every mutant; run them with "
+              f"`python -m dcp_a2a.testing.selfcheck`)")
     if requested_not_run:
         print(f"asked for but cannot run here: {', '.join(requested_not_run)} (exit status 3)")
     return code

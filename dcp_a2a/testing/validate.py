@@ -499,6 +499,7 @@ class TierSummary:
     headroom: float | None = None
     worst_case: dict | None = None
     skip_reasons: dict = field(default_factory=dict)
+    xfail_reasons: dict = field(default_factory=dict)
 
 
 def headroom(ratio: float | None) -> float | None:
@@ -546,6 +547,9 @@ def summarise_tiers(plans: list[TierPlan], records: list[dict],
                 s.skip_reasons[key] = s.skip_reasons.get(key, 0) + 1
             elif oc == "xfailed":
                 s.xfailed += 1
+                reason = (r.get("text") or "").strip().splitlines()[:1]
+                key = reason[0][:200] if reason else "(no reason)"
+                s.xfail_reasons[key] = s.xfail_reasons.get(key, 0) + 1
             elif oc == "xpassed":
                 s.xpassed += 1
             s.time_s += float(r.get("duration") or 0.0)

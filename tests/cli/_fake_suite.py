@@ -23,10 +23,6 @@ CONFTEST = '''\
 import pytest
 
 
-def pytest_addoption(parser):
-    parser.addoption("--impl", default=None)
-
-
 @pytest.fixture
 def merge_report(request):
     def _rec(dtype, kind, ratio, hist, ulp):

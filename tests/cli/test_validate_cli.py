@@ -110,6 +110,12 @@ def _markdown_and_machine_info(failing_run):
     _, rep, out = failing_run
     md = (out / "validation.md").read_text()
     assert "FAILED" in md and "test_too_far" in md and "| numerics | skipped" in md
+    # what a reader needs: xfails apart from skips, what --quick left out, GPUs in words,
+    # the A2A and ag_rs ulp errors in separate columns, why 1.00x headroom is not a near miss
+    assert "| xfailed |" in md and "left out (--quick)" in md
+    assert ("| GPUs | none (CPU only) |" in md) == (rep["machine"]["cuda_device_count"] == 0)
+    assert "max ulp (A2A) | max ulp (ag_rs)" in md
+    assert "the best possible" in md
     m = rep["machine"]
     for key in ("torch", "triton", "TRITON_INTERPRET", "device", "cuda_device_count"):
         assert key in m
@@ -117,8 +123,14 @@ def _markdown_and_machine_info(failing_run):
 
 
 @pytest.mark.slow
-def test_quick_subset_and_passing_exit(tmp_path):
-    code, rep, _ = _validate(tmp_path, "--quick", "--tiers", "unit,kernel", failing=False)
+def test_quick_subset_and_passing_exit(tmp_path, capsys):
+    code, rep, out = _validate(tmp_path, "--quick", "--tiers", "unit,kernel", failing=False)
+    summary = capsys.readouterr().out
+    from dcp_a2a.testing.report import describe_devices
+
+    devices = describe_devices(rep["machine"])  # "CPU (no CUDA GPU)" or "2 x NVIDIA H200"
+    assert f"on {devices}" in summary and "xfail" in summary.splitlines()[2]
+    assert "| unit | passed | 3 | 3 | 0 | 0 | 0 | 0 | 3 |" in (out / "validation.md").read_text()
     assert code == cli.EXIT_OK and rep["ok"]
     unit = _tier(rep, "unit")
     # first parametrisation only, slow dropped: test_pass, test_param[1], test_both_tiers
