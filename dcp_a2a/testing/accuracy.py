@@ -139,7 +139,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="implementation under test (package.module[:attr]; default "
                         "$DCP_A2A_IMPL or dcp_a2a). Backends and the bitwise check need the "
                         "project's own implementation; a foreign one runs its default path.")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0,
+                   help="seed of every rank's partials (each rank regenerates all of them)")
     p.add_argument("--spread", type=float, default=4.0,
                    help="std of the LSE differences between ranks (nats or bits)")
     p.add_argument("--warmup", type=int, default=None, help="untimed calls (GPU 3, CPU 0)")
@@ -387,8 +388,16 @@ def format_table(report: dict) -> str:
         lines.append(f"skipped (H not divisible by {meta['world_size']}): "
                      f"{', '.join(meta['skipped_shapes'])}")
     failed = sum(not c["ok"] for c in report["cases"])
-    lines.append(f"{len(report['cases'])} cases, {failed} failed")
+    lines += ["", LEGEND, f"{len(report['cases'])} cases, {failed} failed"]
     return "\n".join(lines)
+
+
+LEGEND = ("columns: max|err| and ulp = the largest output error (absolute, and in ulps of the "
+          "output dtype); err/tol = the worst error over its bound (tolerances.yaml; a row "
+          "passes at <= 1); lse err, lse/tol = the same for the returned LSE; bitwise = packed "
+          "and two_collective gave identical bits; ms = one lse_reduce call, median, slowest "
+          "rank. ag_rs sums in the output dtype, so it is judged against its own, wider bound; "
+          "'(vs A2A tol r)' says how far it lands against the A2A paths' bound.")
 
 
 def main(argv=None) -> int:

@@ -292,17 +292,26 @@ def collective_main(args) -> int:
     return 0
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="dcp-a2a-bench", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", default="bench.json")
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m dcp_a2a.testing.bench",
+                                 description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap.add_argument("--out", default="bench.json", help="JSON report (rank 0 with --collective)")
     ap.add_argument("--quick", action="store_true", help="only the two target shapes")
     ap.add_argument("--sweep", action="store_true", help="also time launch variants")
     ap.add_argument("--collective", action="store_true",
                     help="under torchrun: time lse_reduce end to end per backend")
     ap.add_argument("--shapes", default=None, help="with --collective: BxH,BxH,... (D=--head-dim)")
-    ap.add_argument("--head-dim", type=int, default=512)
-    ap.add_argument("--iters", type=int, default=50)
-    args = ap.parse_args(argv)
+    ap.add_argument("--head-dim", type=int, default=512,
+                    help="with --collective: the head dim D of every shape")
+    ap.add_argument("--iters", type=int, default=50,
+                    help="with --collective: timed lse_reduce calls per backend and shape (the "
+                         "median is reported)")
+    return ap
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
     if args.collective:
         return collective_main(args)
     if not torch.cuda.is_available():
