@@ -1,6 +1,7 @@
 """Load an implementation of the dcp_a2a contract by spec, for the conformance suite.
 
-SPEC is ``package.module`` or ``package.module:attr``; the object must provide
+SPEC is ``package.module``, ``package.module:attr``, or the name of a shipped adapter
+(``vllm``: :mod:`dcp_a2a.testing.adapters.vllm`); the object must provide
 ``lse_pack_dim``, ``pack_send``, ``unpack_combine`` and ``lse_reduce`` with the contract's
 signatures (see the README). A missing function is reported, not guessed.
 """
@@ -15,6 +16,8 @@ from typing import Any
 CONTRACT = ("lse_pack_dim", "pack_send", "unpack_combine", "lse_reduce")
 DEFAULT_SPEC = "dcp_a2a"
 ENV_VAR = "DCP_A2A_IMPL"
+# Shipped adapters, by the short names users pass (``--impl vllm``).
+ALIASES = {"vllm": "dcp_a2a.testing.adapters.vllm"}
 
 
 @dataclass
@@ -44,10 +47,12 @@ class Implementation:
 
 def load_impl(spec: str | None = None) -> Implementation:
     spec = spec or os.environ.get(ENV_VAR) or DEFAULT_SPEC
-    mod_name, _, attr = spec.partition(":")
+    mod_name, _, attr = ALIASES.get(spec, spec).partition(":")
     try:
         obj = importlib.import_module(mod_name)
     except ImportError as e:
+        if spec in ALIASES:  # the adapter says what is missing
+            raise ValueError(str(e)) from e
         raise ValueError(f"cannot import implementation module {mod_name!r}: {e}") from e
     for part in filter(None, attr.split(".")):
         try:

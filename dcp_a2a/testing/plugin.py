@@ -1,9 +1,10 @@
 """pytest plugin of the suite: the implementation under test, devices, the merge check, the
 pool of ranks, and the tier markers.
 
-Loaded by ``tests/conftest.py`` and by the shipped conformance suite's ``conftest.py``
-(``pytest --pyargs dcp_a2a.testing.conformance --impl SPEC``), so both run with the same
-fixtures from any directory. Importing it imports :mod:`dcp_a2a`, which turns Triton's
+Loaded by ``tests/conftest.py``, by ``dcp-a2a validate``, and for the shipped conformance
+suite from any directory with ``-p``:
+``pytest -p dcp_a2a.testing.plugin --pyargs dcp_a2a.testing.conformance --impl SPEC`` (pytest
+must see the ``--impl`` option before it reads the command line, hence ``-p``). Importing it imports :mod:`dcp_a2a`, which turns Triton's
 interpreter on where there is no CUDA (before any kernel is defined).
 
 Options: ``--impl SPEC`` (or ``$DCP_A2A_IMPL``): the implementation under test, see

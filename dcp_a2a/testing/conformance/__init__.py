@@ -2,7 +2,8 @@
 DCP all-to-all (the four contract functions; see docs/conformance.md).
 
     pip install 'dcp-a2a[test]'
-    pytest --pyargs dcp_a2a.testing.conformance --impl my_engine.dcp_adapter -n 2
+    pytest -p dcp_a2a.testing.plugin --pyargs dcp_a2a.testing.conformance \
+        --impl my_engine.dcp_adapter -n 2
 
 Each test carries a ``conformance`` marker, its tier's marker (unit, kernel, multiproc, numerics,
 gpu, multigpu) and a ``clause`` naming the part of the contract it checks (see
