@@ -3,8 +3,8 @@ a second, independent implementation of the contract (:mod:`.contract`). Install
 ``dcp_a2a.reference``; independent of the Triton code on purpose: nothing here uses the kernels
 or any other module of dcp_a2a."""
 
-from .combine import (combine_magnitude, logsumexp_oracle, lse_weighted_combine, sanitize_lse,
-                      small_weight_magnitude)
+from .combine import (combine_magnitude, logsumexp_oracle, lse_weighted_combine, mean_shift,
+                      sanitize_lse, small_weight_magnitude)
 from .wire import lse_pack_dim, pack_send, unpack_combine
 
 __all__ = [
@@ -12,6 +12,7 @@ __all__ = [
     "logsumexp_oracle",
     "lse_pack_dim",
     "lse_weighted_combine",
+    "mean_shift",
     "pack_send",
     "sanitize_lse",
     "small_weight_magnitude",

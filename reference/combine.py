@@ -38,17 +38,27 @@ def _weights(lses: torch.Tensor, is_lse_base_on_e: bool, with_shift: bool = Fals
     return w, g
 
 
+def _check_pair(outputs: torch.Tensor, lses: torch.Tensor) -> None:
+    """outputs[N, B, H, D] and lses[N, B, H], both floating point: a clear error otherwise."""
+    for name, t in (("outputs", outputs), ("lses", lses)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if not t.dtype.is_floating_point:
+            raise TypeError(f"{name} must be floating point, got {t.dtype}")
+    if outputs.dim() != 4 or lses.dim() != 3 or tuple(outputs.shape[:3]) != tuple(lses.shape):
+        raise ValueError(
+            f"expected outputs[N, B, H, D] and lses[N, B, H], got {tuple(outputs.shape)} and "
+            f"{tuple(lses.shape)}"
+        )
+
+
 def lse_weighted_combine(outputs: torch.Tensor, lses: torch.Tensor, return_lse: bool = False,
                          is_lse_base_on_e: bool = True):
     """Merge ``outputs[N, B, H, D]`` with ``lses[N, B, H]`` in float64.
 
     Returns ``out[B, H, D]`` float64, and ``(out, lse[B, H] float64)`` when ``return_lse``.
     """
-    if outputs.dim() != 4 or lses.dim() != 3 or tuple(outputs.shape[:3]) != tuple(lses.shape):
-        raise ValueError(
-            f"expected outputs[N, B, H, D] and lses[N, B, H], got {tuple(outputs.shape)} and "
-            f"{tuple(lses.shape)}"
-        )
+    _check_pair(outputs, lses)
     w, g = _weights(lses, is_lse_base_on_e)
     x = outputs.to(torch.float64)
     terms = torch.where(w[..., None] > 0, w[..., None] * x, torch.zeros_like(x))
@@ -63,10 +73,25 @@ def combine_magnitude(outputs: torch.Tensor, lses: torch.Tensor,
     The scales of the rounding error an fp32 evaluation of the merge can make: the error bound
     in tolerances.yaml is a combination of the two (the second because a weight exp(x_n) computed
     from a rounded x_n carries a relative error proportional to |x_n|)."""
+    _check_pair(outputs, lses)
     w, _, shift = _weights(lses, is_lse_base_on_e, with_shift=True)
     x = outputs.to(torch.float64).abs()
     wx = torch.where(w[..., None] > 0, w[..., None] * x, torch.zeros_like(x))
     return wx.sum(dim=0), (wx * shift.abs()[..., None]).sum(dim=0)
+
+
+def mean_shift(lses: torch.Tensor, is_lse_base_on_e: bool = True) -> torch.Tensor:
+    """X = sum_n w_n |x_n| per row, float64 [B, H] (x_n = s_n - max s in the LSE's units; 0 for
+    a row of -inf): the weighted mean of the shift errors, which normalising by the sum of the
+    weights spreads over every rank. X <= min((N-1)/e, ln N) nats (each w|x| <= 1/e; and
+    X = H(w) - ln sum_k e^{x_k} <= ln N, the entropy bound; base 2: both over ln 2); the exact
+    value is tighter than either."""
+    if not isinstance(lses, torch.Tensor) or not lses.dtype.is_floating_point:
+        raise TypeError(f"lses must be a floating-point torch.Tensor, got {lses!r:.60}")
+    if lses.dim() != 3:
+        raise ValueError(f"expected lses[N, B, H], got {tuple(lses.shape)}")
+    w, _, shift = _weights(lses, is_lse_base_on_e, with_shift=True)
+    return (w * shift.abs()).sum(dim=0)
 
 
 def small_weight_magnitude(outputs: torch.Tensor, lses: torch.Tensor, is_lse_base_on_e: bool,
@@ -74,6 +99,9 @@ def small_weight_magnitude(outputs: torch.Tensor, lses: torch.Tensor, is_lse_bas
     """sum over ranks whose exact weight w_n is below ``below`` of max(w_n, at_least) * |o_n|
     (float64 [B, H, D]): what weights in fp32's subnormal range, computed with up to 100 %
     relative error or flushed to zero, can move the merge by."""
+    _check_pair(outputs, lses)
+    if not (0.0 < at_least <= below):
+        raise ValueError(f"need 0 < at_least <= below, got at_least={at_least}, below={below}")
     w, _ = _weights(lses, is_lse_base_on_e)
     # a finite LSE has a positive exact weight, even where float64 underflows it to 0
     tiny = torch.isfinite(sanitize_lse(lses)) & (w < below)

@@ -122,6 +122,82 @@ def _quantity(name, a, e, err, bound, ulps, upstream_tol) -> QuantityReport:
     )
 
 
+@dataclass
+class OracleBounds:
+    """The float64 oracle of one merge and its derived per-element bounds (all float64):
+
+    out [B, H, D], lse [B, H]        y* and g* (``reference.lse_weighted_combine``)
+    mag, shift_mag [B, H, D]         M = sum w|o|, S = sum w|o||x| (``combine_magnitude``)
+    mean_shift [B, H]                X = sum w|x| (``reference.mean_shift``)
+    small [B, H, D]                  F, the small-weight floor (``small_weight_magnitude``)
+    evaluation [B, H, D]             E, the fp32 evaluation allowance (includes F)
+    out_bound [B, H, D], lse_bound [B, H]
+    """
+
+    dtype: torch.dtype
+    n: int
+    base_e: bool
+    kind: str
+    formulation: str
+    out: torch.Tensor
+    lse: torch.Tensor
+    mag: torch.Tensor
+    shift_mag: torch.Tensor
+    mean_shift: torch.Tensor
+    small: torch.Tensor
+    evaluation: torch.Tensor
+    out_bound: torch.Tensor
+    lse_bound: torch.Tensor
+
+
+def oracle_bounds(outputs: torch.Tensor, lses: torch.Tensor, dtype: torch.dtype | None = None,
+                  *, kind: str = "a2a", is_lse_base_on_e: bool = True,
+                  formulation: str = "global_max") -> OracleBounds:
+    """The one place the derived bound is assembled: oracle and bounds of merging
+    ``outputs[N, B, H, D]`` (any float dtype) with ``lses[N, B, H]`` into a result of ``dtype``
+    (default ``outputs.dtype``), computed in float64 on the device of ``outputs``.
+
+    ``kind`` "a2a" or "ag_rs" (tolerances.yaml), ``formulation`` "global_max" (every shipped
+    kernel and the contract) or "online" (the composed bound of a running-max merge, for the
+    scope statement). :func:`check_merge`, the numerics report, the metamorphic relations and the
+    e2e bounds all take their bounds from here."""
+    from dcp_a2a.reference import (combine_magnitude, lse_weighted_combine, mean_shift,
+                                   small_weight_magnitude)
+
+    dtype = outputs.dtype if dtype is None else dtype
+    tol.dtype_name(dtype)  # ValueError for a dtype without tolerances
+    if not isinstance(is_lse_base_on_e, (bool, int, np.bool_)):
+        raise TypeError(f"is_lse_base_on_e must be a bool, got {is_lse_base_on_e!r}")
+    is_lse_base_on_e = bool(is_lse_base_on_e)
+    tol._check_choice("bound kind", kind, tol.KINDS)
+    tol._check_choice("formulation", formulation, tol.FORMULATIONS)
+    lses = lses.to(outputs.device)
+    n = outputs.shape[0]
+    ref, ref_lse = lse_weighted_combine(outputs, lses, return_lse=True,
+                                        is_lse_base_on_e=is_lse_base_on_e)
+    mag, shift_mag = combine_magnitude(outputs, lses, is_lse_base_on_e)
+    x = mean_shift(lses, is_lse_base_on_e)
+    below, at_least = tol.small_weight_limits()
+    small = small_weight_magnitude(outputs, lses, is_lse_base_on_e, below, at_least)
+    e = tol.evaluation_bound(mag, shift_mag, x, dtype, n, small, formulation)
+    return OracleBounds(
+        dtype=dtype, n=n, base_e=is_lse_base_on_e, kind=kind, formulation=formulation,
+        out=ref, lse=ref_lse, mag=mag, shift_mag=shift_mag, mean_shift=x, small=small,
+        evaluation=e, out_bound=tol.output_bound_from(ref, e, mag, dtype, n, kind),
+        lse_bound=tol.lse_bound(ref_lse, x, dtype, n, is_lse_base_on_e, formulation))
+
+
+def overflow_allowance(actual: torch.Tensor, orc: OracleBounds):
+    """(mask, err, bound) for the infinite outputs the overflow rule judges (tolerances.yaml
+    ``overflow``): an inf of y*'s sign where y* is finite stands for the least magnitude that
+    overflows, so its error is ``threshold_T - |y*|`` (>= 0) and its bound ``reach * bound``;
+    within it exactly where the arithmetic can overflow. ``actual`` float64, on orc's device."""
+    ref = orc.out
+    mask = torch.isinf(actual) & torch.isfinite(ref) & (torch.sign(actual) == torch.sign(ref))
+    err = (tol.overflow_threshold(orc.dtype) - ref.abs()).clamp(min=0.0)
+    return mask, err, tol.overflow_reach() * orc.out_bound
+
+
 def check_merge(actual_out: torch.Tensor, actual_lse: torch.Tensor | None,
                 outputs: torch.Tensor, lses: torch.Tensor, *, is_lse_base_on_e: bool = True,
                 kind: str = "a2a", heads: slice | None = None,
@@ -130,23 +206,22 @@ def check_merge(actual_out: torch.Tensor, actual_lse: torch.Tensor | None,
     ``lses[N, B, H]`` (the partials every rank held). ``heads`` selects the oracle's head range
     when ``actual_out`` is one rank's [B, H/N, D] slice. The check runs on the device of
     ``outputs`` (the actual results are moved there). ``keep_ulp_errors=False`` skips the ulp
-    histogram."""
-    from dcp_a2a.reference import combine_magnitude, lse_weighted_combine, small_weight_magnitude
-
+    histogram. Bounds from :func:`oracle_bounds`; an infinite output is judged by the overflow
+    rule (:func:`overflow_allowance`)."""
     dtype = actual_out.dtype
     n = outputs.shape[0]
     lses = lses.to(outputs.device)
     if heads is not None:
         outputs, lses = outputs[:, :, heads], lses[:, :, heads]
-    ref, ref_lse = lse_weighted_combine(outputs, lses, return_lse=True,
-                                        is_lse_base_on_e=is_lse_base_on_e)
-    mag, shift_mag = combine_magnitude(outputs, lses, is_lse_base_on_e)
-    below, at_least = tol.small_weight_limits()
-    small = small_weight_magnitude(outputs, lses, is_lse_base_on_e, below, at_least)
+    orc = oracle_bounds(outputs, lses, dtype, kind=kind, is_lse_base_on_e=is_lse_base_on_e)
+    ref, ref_lse = orc.out, orc.lse
     if tuple(actual_out.shape) != tuple(ref.shape):
         raise AssertionError(f"output shape {tuple(actual_out.shape)} != {tuple(ref.shape)}")
     a, e, err = _errors(actual_out, ref)
-    bound = tol.output_bound(e, mag, shift_mag, dtype, n, kind, small_weight_magnitude=small)
+    bound = orc.out_bound
+    over, over_err, over_bound = overflow_allowance(a, orc)
+    err = torch.where(over, over_err, err)
+    bound = torch.where(over, over_bound, bound)
     ulps = err / tol.ulp(e, dtype)
     up = tol.upstream(dtype)
     out_q = _quantity("output", a, e, err, bound, ulps, up["output"])
@@ -157,8 +232,7 @@ def check_merge(actual_out: torch.Tensor, actual_lse: torch.Tensor | None,
         if actual_lse.dtype != torch.float32:
             raise AssertionError(f"returned lse must be float32, got {actual_lse.dtype}")
         la, le, lerr = _errors(actual_lse, ref_lse)
-        lb = tol.lse_bound(le, dtype, n, is_lse_base_on_e)
-        lse_q = _quantity("lse", la, le, lerr, lb, None, up["lse"])
+        lse_q = _quantity("lse", la, le, lerr, orc.lse_bound, None, up["lse"])
     rep = MergeReport(tol.dtype_name(dtype), n, "e" if is_lse_base_on_e else "2", kind,
                       out_q, lse_q)
     if keep_ulp_errors:

@@ -13,10 +13,15 @@ random decode partials, and writes ``DIR/numerics.json`` and ``DIR/numerics.md``
   ulp-error quantiles;
 * per 16-bit dtype the rounding-bias statistics over >= 1e5 elements (mean error in ulps,
   sign-aligned mean, one-sample t-test p-values, ALPHA);
-* the degraded merges of tests/numerics (weights rounded to T, truncating cast, LSE rounded to
-  T): worst err/bound and whether the upstream tolerance would have passed them.
+* the degraded merges of dcp_a2a.testing.degraded: at 16 bits weights rounded to T, truncating
+  cast, LSE rounded to T; at fp32 (float32 partials, LSEs of 30-50) weights from an fp32-rounded
+  global LSE, no max subtraction, an exp 8x less accurate than ex2.approx, next to the
+  implementation on the same partials: worst err/bound and whether the upstream tolerance
+  would have passed them.
 
-Bounds come from tolerances.yaml through :mod:`dcp_a2a.tolerances`; see docs/numerics.md.
+Bounds come from tolerances.yaml through :func:`dcp_a2a.testing.compare.oracle_bounds` (the
+function check_merge uses); see docs/numerics.md. Without CUDA the kernels run in Triton's CPU
+interpreter (numpy: correctly rounded exp, division), which is more accurate than the GPU.
 """
 
 from __future__ import annotations
@@ -82,18 +87,17 @@ def _finite_ratio(err, bound):
 
 
 def quantity_rows(dtype, out, lse, outs, lses, base_e, heads):
-    from dcp_a2a.reference import combine_magnitude, lse_weighted_combine
+    from .compare import oracle_bounds
 
     o, s = outs[:, :, heads], lses[:, :, heads]
     n = outs.shape[0]
-    ref, ref_lse = lse_weighted_combine(o, s, return_lse=True, is_lse_base_on_e=base_e)
-    mag, shift = combine_magnitude(o, s, base_e)
+    orc = oracle_bounds(o, s, dtype, is_lse_base_on_e=base_e)  # the bound check_merge uses
+    ref, ref_lse = orc.out, orc.lse
     up = tol.upstream(dtype)
     base = "e" if base_e else "2"
 
     err = (out.to(torch.float64) - ref).abs()
-    bound = tol.output_bound(ref, mag, shift, dtype, n)
-    e_bound = tol.evaluation_bound(mag, shift, dtype, n)
+    bound, e_bound = orc.out_bound, orc.evaluation
     half = tol.load()["a2a"][tol.dtype_name(dtype)]["output"]["rounding_ulps"]
     excess = (err - half * tol.ulp(ref.abs() + e_bound, dtype)).clamp(min=0)
     ulps = err / tol.ulp(ref, dtype)
@@ -108,7 +112,7 @@ def quantity_rows(dtype, out, lse, outs, lses, base_e, heads):
         "ulp_quantiles": _quantiles(ulps),
     }]
     lerr = (lse.to(torch.float64) - ref_lse).abs()
-    lbound = tol.lse_bound(ref_lse, dtype, n, base_e)
+    lbound = orc.lse_bound
     rows.append({
         "dtype": tol.dtype_name(dtype), "quantity": "lse", "base": base, "world_size": n,
         "elements": lerr.numel(), "max_abs_err": float(lerr.max()),
@@ -140,16 +144,13 @@ def bias_stats(dtype, out, outs, lses, heads) -> dict:
             "unbiased": min(p_signed, p_aligned) > ALPHA / 2}
 
 
-def mutant_rows(dtype, outs, lses):
+def mutant_rows(dtype, outs, lses, mutants):
+    """Worst err/bound of each degraded merge in ``mutants`` (dcp_a2a.testing.degraded) on
+    these partials, the failing fraction, and whether the upstream tolerance accepts it."""
     from .compare import check_merge
 
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    try:
-        from dcp_a2a.testing.degraded import MUTANTS
-    except ImportError:  # installed without the test tree
-        return []
     rows = []
-    for name, fn in sorted(MUTANTS.items()):
+    for name, fn in sorted(mutants.items()):
         rep = check_merge(fn(outs, lses), None, outs, lses, keep_ulp_errors=False)
         rows.append({"dtype": tol.dtype_name(dtype), "mutant": name,
                      "ratio": rep.output.worst_ratio,
@@ -158,7 +159,27 @@ def mutant_rows(dtype, outs, lses):
     return rows
 
 
+def fp32_mutant_rows(impl, device, seed):
+    """The fp32-level mutants on float32 partials with LSEs of 30-50 (rank spread 4), rank 0's
+    heads, base e; and the implementation under test on the same partials, for comparison."""
+    from .compare import check_merge
+    from .degraded import MUTANTS_FP32, fp32_mutant_inputs
+
+    outs, lses = fp32_mutant_inputs(HEADROOM_SHAPE, seed=seed, spread=4.0)
+    out, _, heads = merge_rank0(impl, outs, lses, True, device)
+    o, s = outs[:, :, heads], lses[:, :, heads]
+    rows = mutant_rows(torch.float32, o, s, MUTANTS_FP32)
+    rep = check_merge(out, None, o, s, keep_ulp_errors=False)
+    rows.append({"dtype": "float32", "mutant": "(implementation under test)",
+                 "ratio": rep.output.worst_ratio,
+                 "failing_fraction": rep.output.failures / rep.output.elements,
+                 "bound_rejects": not rep.ok, "upstream_accepts": rep.output.upstream_ok})
+    return rows
+
+
 def build(impl_spec=None, seed=0, progress=True) -> dict:
+    from .degraded import MUTANTS
+
     impl = load_impl(impl_spec)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     quantities, bias, mutants = [], [], []
@@ -175,7 +196,9 @@ def build(impl_spec=None, seed=0, progress=True) -> dict:
                 out, lse, heads = merge_rank0(impl, outs, lses, base_e, device)
                 quantities += quantity_rows(dtype, out, lse, outs, lses, base_e, heads)
             if dtype != torch.float32:
-                mutants += mutant_rows(dtype, outs, lses)
+                mutants += mutant_rows(dtype, outs, lses, MUTANTS)
+            else:  # at fp32 the 16-bit mutants do not apply; fp32-level ones on LSEs of 30-50
+                mutants += fp32_mutant_rows(impl, device, seed)
         elif dtype != torch.float32:  # fp32 has no final rounding to test for bias
             outs, lses = partials(BIAS_SHAPE, dtype, seed + 1, spread=1.0)
             out, _, heads = merge_rank0(impl, outs, lses, True, device)

@@ -1,12 +1,15 @@
 """Per-element error bounds read from ``tolerances.yaml`` (see that file for the derivation).
 
-``output_bound`` and ``lse_bound`` turn the float64 oracle's quantities into the largest error
-an implementation may make on each element; :mod:`dcp_a2a.testing.compare` reports errors against them.
+``evaluation_bound``, ``output_bound_from`` and ``lse_bound`` turn the float64 oracle's
+quantities into the largest error an implementation may make on each element. They are the
+pieces: the one function that assembles them from the partials is
+:func:`dcp_a2a.testing.compare.oracle_bounds`, which every check, report and composed bound uses.
 """
 
 from __future__ import annotations
 
 import functools
+import math
 import os
 from pathlib import Path
 
@@ -56,16 +59,44 @@ def ulp(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return torch.where(torch.isfinite(a), sp, torch.full_like(a, float("inf")))
 
 
-def evaluation_bound(magnitude: torch.Tensor, shift_magnitude: torch.Tensor,
-                     dtype: torch.dtype, world_size: int) -> torch.Tensor:
-    """E: the bound on the fp32 evaluation error of the merge, before the final rounding to
-    ``dtype`` (float64), ``u * (shift_coeff * shift_magnitude + (rank_coeff * N + constant) *
-    magnitude)``. The part of :func:`output_bound` an implementation's arithmetic controls."""
+FORMULATIONS = ("global_max", "online")
+KINDS = ("a2a", "ag_rs")
+
+
+def _check_choice(what: str, value: str, allowed: tuple) -> None:
+    if value not in allowed:
+        raise ValueError(f"unknown {what} {value!r}; expected one of {', '.join(allowed)}")
+
+
+def _coeffs(dtype: torch.dtype, formulation: str) -> dict:
+    """The output coefficients (shift_coeff, rank_coeff, constant) of ``formulation``."""
+    _check_choice("formulation", formulation, FORMULATIONS)
     t = load()
-    c = t["a2a"][dtype_name(dtype)]["output"]
-    u = t["fp32_unit_roundoff"]
-    return u * (c["shift_coeff"] * shift_magnitude
-                + (c["rank_coeff"] * world_size + c["constant"]) * magnitude)
+    if formulation == "online":
+        return t["online"]["output"]
+    return t["a2a"][dtype_name(dtype)]["output"]
+
+
+def evaluation_bound(magnitude: torch.Tensor, shift_magnitude: torch.Tensor,
+                     mean_shift: torch.Tensor, dtype: torch.dtype, world_size: int,
+                     small_weight_magnitude: torch.Tensor | float = 0.0,
+                     formulation: str = "global_max") -> torch.Tensor:
+    """E: the bound on the fp32 evaluation error of the merge before the final rounding to
+    ``dtype`` (float64 [B, H, D]), ``u * (shift_coeff * (S + X * M) + (rank_coeff * N +
+    constant) * M) + F``: the part of :func:`output_bound_from` an implementation's arithmetic
+    controls.
+
+    ``magnitude`` M and ``shift_magnitude`` S are [B, H, D] (``reference.combine_magnitude``),
+    ``mean_shift`` X is [B, H] (``reference.mean_shift``), ``small_weight_magnitude`` F is
+    [B, H, D] or 0 (``reference.small_weight_magnitude``)."""
+    c = _coeffs(dtype, formulation)
+    u = load()["fp32_unit_roundoff"]
+    x = torch.as_tensor(mean_shift, dtype=torch.float64, device=magnitude.device)
+    if x.dim() == magnitude.dim() - 1:
+        x = x[..., None]  # one X per row, M per element
+    return (u * (c["shift_coeff"] * (shift_magnitude + x * magnitude)
+                 + (c["rank_coeff"] * world_size + c["constant"]) * magnitude)
+            + small_weight_magnitude)
 
 
 def small_weight_limits() -> tuple[float, float]:
@@ -75,36 +106,51 @@ def small_weight_limits() -> tuple[float, float]:
     return float(f["below"]), float(f["at_least"])
 
 
-def output_bound(ref: torch.Tensor, magnitude: torch.Tensor, shift_magnitude: torch.Tensor,
-                 dtype: torch.dtype, world_size: int, kind: str = "a2a",
-                 small_weight_magnitude: torch.Tensor | float = 0.0) -> torch.Tensor:
-    """Per-element bound on |y - y*| (float64) for output dtype ``dtype``.
-
-    ``magnitude`` = sum_n w_n|o_n|, ``shift_magnitude`` = sum_n w_n|o_n||x_n| (from
-    ``reference.combine_magnitude``), ``small_weight_magnitude`` = sum over ranks of subnormal
-    weight of max(w_n, 2^-149)|o_n| (``reference.small_weight_magnitude``); ``kind`` is "a2a" or
-    "ag_rs".
-    """
+def output_bound_from(ref: torch.Tensor, evaluation: torch.Tensor, magnitude: torch.Tensor,
+                      dtype: torch.dtype, world_size: int, kind: str = "a2a") -> torch.Tensor:
+    """Per-element bound on |y - y*| (float64, shape of ``ref``) from the evaluation bound E
+    (:func:`evaluation_bound`): ``rounding_ulps * ulp_T(|y*| + E) + E + 2N * ftz_floor``, plus
+    ``N * ulp_T(M)`` for ``kind`` "ag_rs". Callers get it through
+    ``dcp_a2a.testing.compare.oracle_bounds``, which computes E from the partials."""
+    _check_choice("bound kind", kind, KINDS)
     c = load()["a2a"][dtype_name(dtype)]["output"]
-    e = evaluation_bound(magnitude, shift_magnitude, dtype, world_size) + small_weight_magnitude
     # up to 2N fp32 products and partial sums may be flushed to zero on the GPU
-    bound = c["rounding_ulps"] * ulp(ref.abs() + e, dtype) + e + 2 * world_size * c["ftz_floor"]
+    bound = (c["rounding_ulps"] * ulp(ref.abs() + evaluation, dtype) + evaluation
+             + 2 * world_size * c["ftz_floor"])
     if kind == "ag_rs":
         k = load()["ag_rs"]["sum_rounding_ulps_per_rank"]
         bound = bound + k * world_size * ulp(magnitude, dtype)
-    elif kind != "a2a":
-        raise ValueError(f"unknown bound kind {kind!r}")
     return bound
 
 
-def lse_bound(ref_lse: torch.Tensor, dtype: torch.dtype, world_size: int,
-              is_lse_base_on_e: bool) -> torch.Tensor:
-    """Per-element bound on |g - g*| for the returned float32 LSE."""
+def lse_bound(ref_lse: torch.Tensor, mean_shift: torch.Tensor, dtype: torch.dtype,
+              world_size: int, is_lse_base_on_e: bool,
+              formulation: str = "global_max") -> torch.Tensor:
+    """Per-element bound on |g - g*| for the returned float32 LSE (float64 [B, H]), from the
+    oracle's g* [B, H] and X [B, H] (``reference.mean_shift``)."""
+    _check_choice("formulation", formulation, FORMULATIONS)
     t = load()
-    c = t["a2a"][dtype_name(dtype)]["lse"]["base_e" if is_lse_base_on_e else "base_2"]
+    top = t["online"] if formulation == "online" else t["a2a"][dtype_name(dtype)]
+    c = top["lse"]["base_e" if is_lse_base_on_e else "base_2"]
     u = t["fp32_unit_roundoff"]
     g = torch.where(torch.isfinite(ref_lse), ref_lse.abs(), torch.zeros_like(ref_lse))
-    return u * (c["g_coeff"] * g + c["rank_coeff"] * world_size + c["constant"])
+    return u * (c["g_coeff"] * g + c["shift_coeff"] * mean_shift
+                + c["rank_coeff"] * world_size + c["log_rank_coeff"] * math.log(world_size)
+                + c["constant"])
+
+
+def overflow_threshold(dtype: torch.dtype) -> float:
+    """The least magnitude that rounds to inf in ``dtype``: its largest finite value plus half
+    an ulp there (fp32 2^128 - 2^103, bf16 2^128 - 2^119, fp16 65520)."""
+    mant, _ = _FORMAT[dtype]
+    top = torch.finfo(dtype).max
+    return float(top) + 0.5 * math.ldexp(1.0, math.frexp(top)[1] - 1 - mant)
+
+
+def overflow_reach() -> float:
+    """Multiple of the output bound within which y* must be of the overflow threshold for an
+    infinite result (of y*'s sign) to be accepted (tolerances.yaml ``overflow``)."""
+    return float(load()["overflow"]["reach"])
 
 
 def upstream(dtype: torch.dtype) -> dict:

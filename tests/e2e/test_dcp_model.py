@@ -37,7 +37,7 @@ transformers = pytest.importorskip("transformers", reason="transformers is not i
 from dcp_a2a.testing import tolerances as tol  # noqa: E402
 from dcp_a2a.evals.dcp_attention import (  # noqa: E402
     DCPSettings, attach_dcp, partial_attention, register, shard_owner, visible_mask)
-from dcp_a2a.reference import combine_magnitude, lse_weighted_combine  # noqa: E402
+from dcp_a2a.testing.compare import oracle_bounds  # noqa: E402
 
 N = 4
 U32 = 2.0 ** -24
@@ -133,12 +133,10 @@ def _error_and_bound(tiny, jacobians, settings, merge_check=None):
         outputs, lse_all = torch.stack(outs), torch.stack(lses)
         if merge_check is not None:  # the combine inside the model vs the float64 oracle
             merge_check(merged, None, outputs, lse_all, is_lse_base_on_e=base_e, kind=kind)
-        ref = lse_weighted_combine(outputs, lse_all, is_lse_base_on_e=base_e)
-        mag, shift_mag = combine_magnitude(outputs, lse_all, base_e)
+        orc = oracle_bounds(outputs, lse_all, wire, kind=kind, is_lse_base_on_e=base_e)
         s_max = torch.where(torch.isfinite(lse_all), lse_all.double().abs(),
                             torch.zeros_like(lse_all, dtype=torch.float64)).amax(0)
-        delta = (tol.output_bound(ref, mag, shift_mag, wire, N, kind)
-                 + (UNIT[wire] + 2 * U32 * s_max[..., None]) * mag)
+        delta = orc.out_bound + (UNIT[wire] + 2 * U32 * s_max[..., None]) * orc.mag
         deltas.append(delta[:, :H].reshape(-1))
     bound = torch.stack([jacobians[i] @ deltas[i] for i in range(len(deltas))]).sum(0)
     bound = e2e["first_order_slack"] * bound.reshape(got.shape) + e2e["float64_floor"]

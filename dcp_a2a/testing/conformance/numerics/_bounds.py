@@ -3,7 +3,8 @@
 A metamorphic relation compares two outputs of the implementation, each within its own derived
 bound of its own float64 oracle; where the two oracles differ (rounded inputs, rounded
 intermediate results) the difference is propagated to first order in u. Nothing here is a new
-tolerance: every number comes from tolerances.yaml.
+tolerance: every number comes from tolerances.yaml, and every single-merge bound from
+:func:`dcp_a2a.testing.compare.oracle_bounds`, the function check_merge uses.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ import math
 import torch
 
 from dcp_a2a.testing import tolerances as tol
-from dcp_a2a.reference import combine_magnitude, lse_weighted_combine, sanitize_lse
+from dcp_a2a.testing.compare import OracleBounds, oracle_bounds
+from dcp_a2a.reference import sanitize_lse
 
 
 def u() -> float:
@@ -34,17 +36,11 @@ def weights(lses, base_e=True):
     return torch.where(tot > 0, e / torch.where(tot > 0, tot, torch.ones_like(tot)), 0.0)
 
 
-class Oracle:
-    """The float64 merge of ``outs[N, B, H, D]`` / ``lses[N, B, H]`` and its derived bounds."""
-
-    def __init__(self, outs, lses, base_e=True, kind="a2a"):
-        self.dtype, self.n = outs.dtype, outs.shape[0]
-        self.out, self.lse = lse_weighted_combine(outs, lses, return_lse=True,
-                                                  is_lse_base_on_e=base_e)
-        self.mag, self.shift_mag = combine_magnitude(outs, lses, base_e)
-        self.out_bound = tol.output_bound(self.out, self.mag, self.shift_mag, self.dtype,
-                                          self.n, kind)
-        self.lse_bound = tol.lse_bound(self.lse, self.dtype, self.n, base_e)
+def Oracle(outs, lses, base_e=True, kind="a2a") -> OracleBounds:  # noqa: N802 (was a class)
+    """The float64 merge of ``outs[N, B, H, D]`` / ``lses[N, B, H]`` and its derived bounds
+    (``.out``, ``.lse``, ``.mag``, ``.out_bound``, ``.lse_bound``, ...), for a result in
+    ``outs.dtype``: :func:`dcp_a2a.testing.compare.oracle_bounds`."""
+    return oracle_bounds(outs, lses, outs.dtype, kind=kind, is_lse_base_on_e=base_e)
 
 
 def abs_diff(a, b):
