@@ -7,7 +7,8 @@ import math
 import pytest
 import torch
 
-from dcp_a2a.reference import combine_magnitude, logsumexp_oracle, lse_weighted_combine
+from dcp_a2a.reference import (combine_magnitude, logsumexp_oracle, lse_weighted_combine,
+                               mean_shift, small_weight_magnitude)
 
 pytestmark = pytest.mark.unit
 
@@ -75,3 +76,38 @@ def test_magnitude_terms():
     mag, shift = combine_magnitude(outs, lses)
     assert mag.item() == pytest.approx(0.25 * 2 + 0.75 * 4, rel=1e-15)
     assert shift.item() == pytest.approx(0.25 * 2 * math.log(3.0), rel=1e-15)
+
+
+def test_mean_shift_hand_value():
+    # weights 1/4, 3/4; shifts -ln 3, 0: X = ln(3) / 4. Base 2: weights 1/5, 4/5 at -2, 0: 2/5
+    lses = torch.tensor([0.0, math.log(3.0)], dtype=torch.float64).view(2, 1, 1)
+    assert mean_shift(lses).item() == pytest.approx(0.25 * math.log(3.0), rel=1e-15)
+    lses = torch.tensor([1.0, 3.0, -math.inf], dtype=torch.float64).view(3, 1, 1)
+    assert mean_shift(lses, False).item() == pytest.approx(0.4, rel=1e-15)
+    assert mean_shift(torch.full((2, 1, 1), -math.inf)).item() == 0.0  # empty row
+
+
+def test_small_weight_magnitude_hand_values():
+    below, at_least = 2.0 ** -126, 2.0 ** -149
+    outs = torch.tensor([3.0, -2.0, 5.0, math.nan], dtype=torch.float64).view(4, 1, 1, 1)
+    # rank 1: weight e^-95 ~ 2^-137 (counted as itself); rank 2: e^-1000, 0 in float64 but a
+    # finite LSE (counted as 2^-149); rank 3: -inf, weight exactly 0 (its NaN not counted)
+    lses = torch.tensor([0.0, -95.0, -1000.0, -math.inf], dtype=torch.float64).view(4, 1, 1)
+    got = small_weight_magnitude(outs, lses, True, below, at_least).item()
+    w1 = math.exp(-95.0) / (1.0 + math.exp(-95.0))
+    assert got == pytest.approx(2.0 * w1 + 5.0 * at_least, rel=1e-12)
+    # nothing below the smallest normal: 0
+    lses = torch.tensor([0.0, -80.0, -1.0, -math.inf], dtype=torch.float64).view(4, 1, 1)
+    assert small_weight_magnitude(outs, lses, True, below, at_least).item() == 0.0
+
+
+def test_reference_rejects_bad_input():
+    outs, lses = torch.zeros(2, 1, 2, 4), torch.zeros(2, 1, 2)
+    with pytest.raises(ValueError, match="at_least"):
+        small_weight_magnitude(outs, lses, True, 2.0 ** -149, 2.0 ** -126)
+    with pytest.raises(TypeError, match="floating point"):
+        combine_magnitude(outs.to(torch.int32), lses)
+    with pytest.raises(ValueError, match=r"lses\[N, B, H\]"):
+        mean_shift(lses[0])
+    with pytest.raises(TypeError, match="torch.Tensor"):
+        lse_weighted_combine(outs.tolist(), lses)

@@ -1,9 +1,14 @@
-"""The derived bound is tight enough: it rejects three realistic precision bugs that the
-upstream atol = rtol = 3e-2 lets through, while the implementation under test passes it.
+"""The derived bound is tight enough: it rejects realistic precision bugs that the upstream
+tolerance lets through, while the implementation under test passes it.
 
-Inputs are realistic decode partials: outputs ~ N(0, 1) in the output dtype, LSEs drawn in
-float32 around a per-row offset with rank spreads of 1 and 4 nats (tests/_data.partials). The
-degraded merges are built in pure torch from the float64 oracle (tests/numerics/_mutants.py).
+16-bit: three bugs (weights rounded to T, a truncating cast, the LSE rounded to T) on realistic
+decode partials: outputs ~ N(0, 1) in the output dtype, LSEs drawn in float32 around a per-row
+offset with rank spreads of 1 and 4 nats (dcp_a2a.testing.data.partials); upstream: atol = rtol
+= 3e-2. fp32: at 16 bits an fp32-level error hides under half an ulp of T, so three fp32 bugs
+are shown on float32 outputs with LSE offsets of 30-50 (degraded.fp32_mutant_inputs), where
+u|s| is tens of u: weights from an fp32-rounded global LSE (vLLM's correct_attn_out), no max
+subtraction, an exp 8x less accurate than ex2.approx; upstream: atol = rtol = 1e-5. The
+degraded merges are pure torch (dcp_a2a.testing.degraded).
 """
 
 from __future__ import annotations
@@ -13,7 +18,8 @@ import torch
 
 from dcp_a2a.testing.compare import check_merge
 from dcp_a2a.testing.data import partials
-from dcp_a2a.testing.degraded import MUTANTS, correctly_rounded
+from dcp_a2a.testing.degraded import (MUTANTS, MUTANTS_FP32, correctly_rounded,
+                                      fp32_mutant_inputs)
 
 pytestmark = [pytest.mark.numerics, pytest.mark.conformance, pytest.mark.clause("merge bound")]
 
@@ -89,3 +95,33 @@ def test_implementation_passes_where_degraded_merges_fail(exchange, merge_check,
                   for m, f in MUTANTS.items()}
         # the truncating mutant is the mildest: up to 1 ulp against a bound of ~0.5 ulp
         assert rep.output.worst_ratio < min(ratios.values()), (rep.describe(), ratios)
+
+
+FP32_SPREADS = (1.0, 4.0)
+
+
+@pytest.mark.parametrize("spread", FP32_SPREADS)
+@pytest.mark.parametrize("mutant", sorted(MUTANTS_FP32))
+def test_bound_rejects_fp32_mutant(mutant, spread):
+    """Each fp32-level bug fails the bound on float32 outputs (base e), and the upstream fp32
+    tolerance accepts it. Worst err/bound measured at spreads 1 / 4: global_lse_weights 1.63 /
+    1.70, no_max_subtraction 1.92 / 2.23, exp_8x_less_accurate 1.87 / 2.25 (the implementation
+    on the same inputs: 0.21 / 0.21). In base 2 exp2 takes s exactly, so no_max_subtraction
+    has no u|s| error (0.14 / 0.19: a range bug, not a precision one) and global_lse_weights only
+    ln2 of it (1.10 / 1.11); exp_8x_less_accurate stays caught (1.82 / 1.96)."""
+    outs, lses = fp32_mutant_inputs(SHAPE, spread=spread)
+    rep = check_merge(MUTANTS_FP32[mutant](outs, lses), None, outs, lses)
+    assert not rep.ok, (f"the bound accepts the {mutant} merge: worst err/bound "
+                        f"{rep.worst_ratio:.3g}\n{rep.describe()}")
+    assert rep.output.upstream_ok, f"upstream caught {mutant} at spread {spread}"
+
+
+def test_implementation_passes_where_fp32_mutants_fail(exchange, merge_check):
+    """On the fp32 mutants' inputs (LSEs 30-50, spread 4) the implementation's output is
+    within the bound with a worst err/bound below every fp32 mutant's."""
+    outs, lses = fp32_mutant_inputs(SHAPE, spread=4.0)
+    out, lse = exchange.merge(outs, lses)
+    rep = merge_check(out, lse, outs, lses)
+    ratios = {m: check_merge(f(outs, lses), None, outs, lses).worst_ratio
+              for m, f in MUTANTS_FP32.items()}
+    assert rep.output.worst_ratio < min(ratios.values()), (rep.describe(), ratios)

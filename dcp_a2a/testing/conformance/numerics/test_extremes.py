@@ -1,6 +1,7 @@
-"""Extreme inputs: huge LSE spreads, values near the float32 limits, a single finite rank,
-all ranks empty, subnormal outputs, float16 outputs near 65504, and N = 32 ranks. Each must
-merge without overflow or NaN and within the derived bound."""
+"""Extreme inputs: huge LSE spreads, values near the float32 limits (partials at FLT_MAX
+included), weights in fp32's subnormal range, a single finite rank, all ranks empty, subnormal
+outputs, float16 outputs near 65504, and N = 32 ranks. Each must merge without NaN and within
+the derived bound (an inf only where the overflow rule of tolerances.yaml allows it)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ import math
 import pytest
 import torch
 
+from dcp_a2a.testing.compare import check_merge
 from dcp_a2a.testing.data import DTYPES, partials
+from dcp_a2a.testing.degraded import clamped_exponent, subnormal_weight_inputs
 
 pytestmark = [pytest.mark.numerics, pytest.mark.conformance, pytest.mark.clause("merge bound")]
 
@@ -67,6 +70,40 @@ def test_outputs_near_float32_limits(exchange, merge_check, dtype):
     _, lses = partials(4, 2, 8, 16, dtype, seed=3, spread=1.0)
     out, _ = _merge_and_check(exchange, merge_check, outs, lses)
     assert torch.isfinite(out).all()
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")  # numpy, interpreter
+def test_partials_at_float32_max(exchange, merge_check):
+    """Every partial +-FLT_MAX (float32; the sign alternates by head), N = 2, LSEs on a 1/16
+    grid in [-1, 1]: the rounded weights can sum above 1 and the merge round to inf (our
+    kernel on the CPU: 8 of these 32 rows). Within the bound, where an inf of y*'s sign counts
+    as the least value that overflows (tolerances.yaml, overflow); never NaN, never the wrong
+    sign. An inf of the wrong sign fails the same check (infinite ratio)."""
+    n, h = 2, 32
+    outs = torch.full((n, 1, h, 2), F32_MAX, dtype=torch.float32)
+    outs[:, :, 1::2] = -F32_MAX
+    lses = (torch.randint(-16, 17, (n, 1, h), generator=_gen(8)) / 16.0).to(torch.float32)
+    out, _ = _merge_and_check(exchange, merge_check, outs, lses)
+    expect = torch.sign(outs[0])
+    assert torch.equal(torch.sign(out), expect), "NaN or a wrong sign at FLT_MAX"
+    wrong = -expect * math.inf
+    assert check_merge(wrong, None, outs, lses).output.worst_ratio == math.inf
+
+
+@pytest.mark.parametrize("dtype,big", [(torch.float32, 2.0 ** 120), (torch.bfloat16, 2.0 ** 120),
+                                       (torch.float32, 2.0 ** 30)],
+                         ids=["fp32-2^120", "bf16-2^120", "fp32-2^30"])
+def test_subnormal_weights(exchange, merge_check, dtype, big):
+    """Issue 22: a rank 95 / 100 nats below the max (weights ~2^-137 / 2^-144, fp32
+    subnormals) with a huge partial. fp32 holds such a weight to a few %, flush-to-zero code
+    drops it; the small-weight floor allows either (our kernel on the CPU: ratio 0.017; it was
+    1179 / 8.0 / 24 before the floor; a flushed weight sits just below 1). The check keeps its
+    power here: shifts clamped to keep the weights normal (weight 2^-126) fail it, ~3e5x."""
+    outs, lses = subnormal_weight_inputs(dtype, big)
+    out, _ = _merge_and_check(exchange, merge_check, outs, lses)
+    assert torch.isfinite(out).all()
+    rep = check_merge(clamped_exponent(outs, lses), None, outs, lses)
+    assert rep.output.worst_ratio > 1000.0, rep.describe()
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=ids)
