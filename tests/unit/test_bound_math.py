@@ -131,8 +131,8 @@ def test_online_merge_is_outside_the_global_max_bound(base_e):
     included), division 4u: the global-max merge stays within its bound (LSE ratio 0.25 base
     e, 0.26 base 2); the online merge, whose rank 0 passes through N = 8 exponentials, exceeds
     the global-max LSE bound (1.99, 2.13) and stays within the composed online bound (0.63,
-    0.63). Its output stays within the global-max bound (0.34): the exp errors cancel in
-    y = acc / l to first order, not in g = m + log l."""
+    0.63). Its output stays within the global-max bound (0.34): the exp errors, shared by
+    acc and l, largely cancel in y = acc / l, but add up in g = m + log l."""
     n, h, d = 8, 8, 4
     g = torch.Generator().manual_seed(n)
     outs = torch.randn(n, 1, h, d, generator=g)
