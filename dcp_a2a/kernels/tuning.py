@@ -57,7 +57,33 @@ TABLE: dict[str, tuple[Rule, ...]] = {
 INTERPRETER = {"pack": Rule(_ANY, 1024, 4096, 4), "combine": Rule(_ANY, 512, 4096, 4),
                "scale": Rule(_ANY, 512, 4096, 4)}
 
+# Candidate tables the benchmark compares (``python -m dcp_a2a.testing.bench --grid --tables``);
+# the product uses TABLE.
+CANDIDATES: dict[str, dict[str, tuple[Rule, ...]]] = {
+    "current": TABLE,
+    # one head per program up to 16k rows (as many programs as the straightforward design,
+    # which wins at decode sizes), the wide slabs above
+    "head_per_program": {
+        "pack": (Rule(16384, 1024, 1, 4), Rule(_ANY, 1024, 4096, 8)),
+        "combine": (Rule(16384, 512, 1, 4), Rule(_ANY, 128, 1024, 8)),
+        "scale": TABLE["scale"],
+    },
+    "head_per_program_8w": {
+        "pack": (Rule(16384, 1024, 1, 8), Rule(_ANY, 1024, 4096, 8)),
+        "combine": (Rule(16384, 512, 1, 8), Rule(_ANY, 128, 1024, 8)),
+        "scale": TABLE["scale"],
+    },
+    "head_per_program_4k": {
+        "pack": (Rule(4096, 1024, 1, 4), Rule(_ANY, 1024, 4096, 8)),
+        "combine": (Rule(4096, 512, 1, 4), Rule(_ANY, 128, 1024, 8)),
+        "scale": TABLE["scale"],
+    },
+}
+
 OVERRIDES: dict[str, Launch] = {}
+
+
+ACTIVE = TABLE  # the table in use; the benchmark swaps in CANDIDATES to compare them
 
 
 def _fit(block_h: int, heads: int) -> int:
@@ -73,14 +99,14 @@ def launch(kind: str, rows: int, heads: int, head_lanes: int) -> Launch:
                       o.num_warps, o.stream)
     if _env.INTERPRET:
         return INTERPRETER[kind].launch(heads, head_lanes)
-    rule = next(r for r in TABLE[kind] if rows <= r.max_rows)
+    rule = next(r for r in ACTIVE[kind] if rows <= r.max_rows)
     return rule.launch(heads, head_lanes)
 
 
 def every_launch(kind: str, heads: int, head_lanes: int) -> list[Launch]:
     """Every launch the table can pick for this head count and head size, whatever the rows."""
     seen = []
-    for rule in TABLE[kind] + (INTERPRETER[kind],):
+    for rule in ACTIVE[kind] + (INTERPRETER[kind],):
         cfg = rule.launch(heads, head_lanes)
         if cfg not in seen:
             seen.append(cfg)

@@ -45,7 +45,9 @@ DEFAULT_SHAPES = [
     (256, 32, 128, 4, "float16"),
     (256, 32, 128, 4, "float32"),
 ]
-GRAPH_BYTES_LIMIT = 64 << 20  # below this many bytes moved, time graph replays
+# Below this many bytes moved, time CUDA-graph replays: kernels of up to ~250 us would otherwise
+# be timed with the host's launch overhead in them (the decode path runs under graphs).
+GRAPH_BYTES_LIMIT = 1 << 30
 
 
 @dataclass
@@ -188,6 +190,106 @@ def _variants(heads, d):
                     yield bh, bd, nw, stream
 
 
+# --------------------------------------------------------------------------- ours vs straightforward
+GRID_B = (1, 4, 16, 32, 64, 128, 256, 512, 1024, 8192)
+GRID_HN = ((128, 8), (64, 4), (64, 8), (32, 4), (16, 2))
+
+
+def grid_points(quick: bool = False):
+    """(B, H, N, D, dtype) of the comparison grid: bf16 at D in {512, 128, 64, 80}; fp16 and
+    fp32 at D in {128, 512}. ``quick``: B in {1, 128, 8192}, (H, N) in {(128, 8), (64, 4)}."""
+    bs = (1, 128, 8192) if quick else GRID_B
+    hns = GRID_HN[:2] if quick else GRID_HN
+    for dt, ds in (("bfloat16", (512, 128, 64, 80)), ("float16", (128, 512)),
+                   ("float32", (128, 512))):
+        for d in ds:
+            for h, n in hns:
+                for b in bs:
+                    yield b, h, n, d, dt
+
+
+def grid_point(b, h, n, d, dtype_name, copy_gbps, tables=("current",)) -> dict:
+    """Pack and unpack-combine, ours and the straightforward design's, on one shape; the
+    straightforward result is checked against ours before anything is timed."""
+    from . import straightforward as sf
+
+    dtype = getattr(torch, dtype_name)
+    es = torch.empty((), dtype=dtype).element_size()
+    p = lse_pack_dim(dtype)
+    hpr = h // n
+    out = torch.randn((b, h, d), device="cuda").to(dtype)
+    lse = torch.randn((b, h), device="cuda") * 4
+    send = torch.empty((n, b, hpr, d + p), dtype=dtype, device="cuda")
+    recv = torch.empty_like(send)
+    sf.pack(out, lse, send)
+    pack_send(out, lse, recv, n, hpr, d, p)
+    if not torch.equal(send.view(torch.uint8), recv.view(torch.uint8)):
+        raise AssertionError(f"straightforward pack differs from ours at {b}x{h}x{d} N={n}")
+    ref = unpack_combine(recv, d, p, False, True).float()
+    got = sf.unpack_combine(recv, d).float()
+    if not torch.allclose(got, ref, rtol=2 ** -6, atol=2 ** -6):
+        raise AssertionError(f"straightforward unpack differs from ours at {b}x{h}x{d} N={n}")
+    wire = n * b * hpr * (d + p) * es
+    pack_bytes = b * h * d * es + b * h * 4 + wire
+    unpack_bytes = wire + b * hpr * d * es
+    row = {"B": b, "H": h, "N": n, "D": d, "dtype": dtype_name, "tables": {}}
+    ops = (("pack", lambda: pack_send(out, lse, send, n, hpr, d, p),
+            lambda: sf.pack(out, lse, send), pack_bytes),
+           ("unpack", lambda: unpack_combine(recv, d, p, False, True),
+            lambda: sf.unpack_combine(recv, d), unpack_bytes))
+    for op, _, base, nbytes in ops:
+        row[f"{op}_straightforward_us"], row[f"{op}_timing"] = time_us(base, nbytes)
+    for name in reversed(tables):  # the first table last: its rows are the headline numbers
+        tuning.ACTIVE = tuning.CANDIDATES[name]
+        try:
+            for op, ours, _, nbytes in ops:
+                us, _ = time_us(ours, nbytes)
+                row["tables"].setdefault(name, {})[f"{op}_us"] = us
+                row[f"{op}_us"] = us
+                row[f"{op}_ratio"] = us / row[f"{op}_straightforward_us"]
+                row[f"{op}_pct_copy"] = 100 * nbytes / (us * 1e-6) / 1e9 / copy_gbps
+        finally:
+            tuning.ACTIVE = tuning.TABLE
+    return row
+
+
+def grid_table(rows: list[dict]) -> str:
+    head = (f"{'B':>5} {'H':>4} {'N':>2} {'D':>4} {'dtype':<8} | {'pack us':>8} {'sf us':>8} "
+            f"{'ratio':>6} {'%copy':>6} | {'unpack us':>9} {'sf us':>8} {'ratio':>6} "
+            f"{'%copy':>6}")
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        lines.append(
+            f"{r['B']:>5} {r['H']:>4} {r['N']:>2} {r['D']:>4} {r['dtype']:<8} | "
+            f"{r['pack_us']:>8.2f} {r['pack_straightforward_us']:>8.2f} {r['pack_ratio']:>6.3f} "
+            f"{r['pack_pct_copy']:>6.1f} | {r['unpack_us']:>9.2f} "
+            f"{r['unpack_straightforward_us']:>8.2f} {r['unpack_ratio']:>6.3f} "
+            f"{r['unpack_pct_copy']:>6.1f}")
+    worst = max(rows, key=lambda r: max(r["pack_ratio"], r["unpack_ratio"]))
+    lines.append(f"worst ratio (ours / straightforward): pack {max(r['pack_ratio'] for r in rows):.3f}"
+                 f", unpack {max(r['unpack_ratio'] for r in rows):.3f} (at B={worst['B']} "
+                 f"H={worst['H']} N={worst['N']} D={worst['D']} {worst['dtype']})")
+    return "\n".join(lines)
+
+
+def grid_main(args) -> int:
+    copy_gbps = copy_bandwidth()
+    rows = []
+    tables = [t for t in (args.tables or "current").split(",") if t]
+    for point in grid_points(args.quick):
+        rows.append(grid_point(*point, copy_gbps, tables))
+    props = torch.cuda.get_device_properties(0)
+    import triton
+
+    with open(args.out, "w") as f:
+        json.dump({"device": props.name, "torch": torch.__version__,
+                   "triton": triton.__version__, "copy_gbps": copy_gbps, "grid": rows}, f,
+                  indent=1)
+    print(f"device {props.name}; copy bandwidth {copy_gbps:.0f} GB/s (read + write)")
+    print(grid_table(rows))
+    return 0
+
+
 def table(rows: list[Row]) -> str:
     head = f"{'shape':34} {'op':22} {'variant':18} {'us':>9} {'GB/s':>8} {'%copy':>6} {'timing':>6}"
     lines = [head, "-" * len(head)]
@@ -299,6 +401,13 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--out", default="bench.json", help="JSON report (rank 0 with --collective)")
     ap.add_argument("--quick", action="store_true", help="only the two target shapes")
     ap.add_argument("--sweep", action="store_true", help="also time launch variants")
+    ap.add_argument("--grid", action="store_true",
+                    help="ours next to the straightforward design (dcp_a2a.testing."
+                         "straightforward) over the decode grid, with the ratio; --quick: a "
+                         "corner of it")
+    ap.add_argument("--tables", default=None,
+                    help="with --grid: comma list of launch tables to compare "
+                         "(dcp_a2a.kernels.tuning.CANDIDATES; the first is reported)")
     ap.add_argument("--collective", action="store_true",
                     help="under torchrun: time lse_reduce end to end per backend")
     ap.add_argument("--shapes", default=None, help="with --collective: BxH,BxH,... (D=--head-dim)")
@@ -314,6 +423,8 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     if args.collective:
         return collective_main(args)
+    if args.grid and torch.cuda.is_available():
+        return grid_main(args)
     if not torch.cuda.is_available():
         print("dcp_a2a.testing.bench needs a CUDA GPU (the CPU path is the Triton interpreter, which "
               "says nothing about speed)", file=sys.stderr)
