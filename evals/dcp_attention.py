@@ -34,8 +34,10 @@ Combine paths (``DCPSettings.combine``):
                    ag_rs           all-gather the LSEs, weight each partial by exp(s_r - g) in
                                    fp32, round to the output dtype, reduce-scatter summing in
                                    the output dtype (rank order)
-  Under torchrun (``DCPSettings.group`` set) each process computes only its own shard and
-  calls ``dcp_a2a.lse_reduce`` on the real group, then all-gathers the head slices.
+  Under torchrun (``DCPSettings.group`` set) each process is one rank: its KV cache
+  (:class:`DCPShardedCache`) stores only the positions it owns, it computes the partial over
+  them and calls ``dcp_a2a.lse_reduce`` on the real group, then all-gathers the head slices
+  (every rank needs every head for the next layer, as in an engine's DCP decode).
 
 ``shard="decode"`` (default) runs only single-token query steps through DCP and the prefill
 through transformers' SDPA, as engines do; ``shard="all"`` shards every call (teacher forcing).
@@ -43,6 +45,7 @@ through transformers' SDPA, as engines do; ``shard="all"`` shards every call (te
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -70,6 +73,9 @@ class DCPSettings:
     # source of rounding it has to bound.
     wire_dtype: torch.dtype | None = None
     group: Any = None  # a dcp_a2a.Group over a real process group (torchrun)
+    # with ``group``: the DCPShardedCache of the generate call in progress (where each layer's
+    # local keys sit in the global sequence); set by whoever starts the generation
+    kv_cache: Any = field(default=None, repr=False)
     # Write NaN outputs and a finite garbage LSE into the partials of rows with no local key
     # before the combine: proves the combine's seq_lens masking (tests only).
     poison_empty: bool = False
@@ -93,6 +99,10 @@ class DCPSettings:
                              f"{', '.join(COMBINES)}")
         if self.shard not in ("decode", "all"):
             raise ValueError(f"shard must be 'decode' or 'all', got {self.shard!r}")
+        if self.group is not None and self.shard != "decode":
+            # a rank's cache holds only its own positions; an unsharded prefill is what fills it
+            raise ValueError("over a process group only decode steps are sharded "
+                             "(shard='decode')")
         if not isinstance(self.interleave, int) or self.interleave < 1:
             raise ValueError(f"interleave must be a positive int, got {self.interleave!r}")
         if self.wire_dtype not in (None, torch.float16, torch.bfloat16, torch.float32):
@@ -293,17 +303,95 @@ def _combine_distributed(out, lse, seq_lens, qsl, settings: DCPSettings):
                       is_lse_base_on_e=settings.base_e, seq_lens=seq_lens,
                       query_start_loc=qsl, backend=settings.backend)
     n = settings.world_size
-    gathered = torch.empty((n, *mine.shape), dtype=mine.dtype, device=mine.device)
-    dist.all_gather_into_tensor(gathered, mine.contiguous(), group=settings.group.device_group)
-    return gathered.permute(1, 0, 2, 3).reshape(mine.shape[0], -1, mine.shape[2])
+    R, hpr, D = mine.shape
+    # rank-major along dim 0 (gloo checks each rank's chunk against the input's shape)
+    gathered = torch.empty((n * R, hpr, D), dtype=mine.dtype, device=mine.device)
+    # torch >= 2.13 renames all_gather_into_tensor (and warns on the old name)
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    gather(gathered, mine.contiguous(), group=settings.group.device_group)
+    return gathered.view(n, R, hpr, D).permute(1, 0, 2, 3).reshape(R, n * hpr, D)
+
+
+# ----------------------------------------------------------------------------- KV cache shard
+@functools.lru_cache(maxsize=None)
+def _shard_layer_class():
+    """The cache layer class of :func:`DCPShardedCache`, derived from transformers'
+    ``DynamicLayer`` at first use (importing this module needs no transformers)."""
+    from transformers.cache_utils import DynamicLayer
+
+    class DCPShardLayer(DynamicLayer):
+        """One layer's KV cache on one DCP rank: only the positions j with
+        ``(j // interleave) % world_size == rank`` are stored.
+
+        ``update`` with several tokens is the (unsharded) prefill of an empty cache: it stores
+        the owned positions and returns all the keys, so SDPA prefills as the unsharded model
+        does. With one token (a decode step) it appends the token if owned and returns the
+        local keys only. ``positions``: their global positions; ``total``: the global length
+        (what ``get_seq_length`` reports, so transformers' positions and masks stay global)."""
+
+        def __init__(self, rank: int, world_size: int, interleave: int):
+            super().__init__()
+            self.rank, self.world_size, self.interleave = rank, world_size, interleave
+            self.total = 0
+            self.positions = None
+
+        def lazy_initialization(self, key_states, value_states):
+            self.device = key_states.device
+            self.keys = key_states[..., :0, :]
+            self.values = value_states[..., :0, :]
+            self.positions = torch.zeros(0, dtype=torch.long, device=self.device)
+            self.is_initialized = True
+
+        def update(self, key_states, value_states, *args, **kwargs):
+            if not self.is_initialized:
+                self.lazy_initialization(key_states, value_states)
+            t = key_states.shape[-2]
+            if t > 1 and self.total:
+                raise NotImplementedError("the sharded DCP cache takes one prefill of an "
+                                          "empty cache, then one token a step")
+            pos = torch.arange(self.total, self.total + t, device=self.device)
+            mine = (pos // self.interleave) % self.world_size == self.rank
+            self.keys = torch.cat([self.keys, key_states[..., mine, :]], dim=-2)
+            self.values = torch.cat([self.values, value_states[..., mine, :]], dim=-2)
+            self.positions = torch.cat([self.positions, pos[mine]])
+            self.total += t
+            if t > 1:
+                return key_states, value_states
+            return self.keys, self.values
+
+        def get_seq_length(self) -> int:
+            return self.total
+
+        def reset(self) -> None:
+            super().reset()
+            self.total = 0
+            self.positions = None
+
+        def crop(self, tokens_to_remove: int) -> None:
+            raise NotImplementedError("the sharded DCP cache cannot be cropped")
+
+    return DCPShardLayer
+
+
+def DCPShardedCache(num_layers: int, rank: int, world_size: int, interleave: int = 1):
+    """A transformers ``Cache`` holding DCP rank ``rank``'s shard of the KV cache, one
+    ``DCPShardLayer`` per layer (see :func:`_shard_layer_class`): the positions j with
+    ``(j // interleave) % world_size == rank``, as a DCP engine's KV cache. Pass it to
+    ``generate(past_key_values=...)`` and set it as ``DCPSettings.kv_cache``."""
+    from transformers.cache_utils import Cache
+
+    cls = _shard_layer_class()
+    return Cache(layers=[cls(rank, world_size, interleave) for _ in range(num_layers)])
 
 
 # ----------------------------------------------------------------------------- attention
 def dcp_attention(query, key, value, visible, scaling: float, settings: DCPSettings,
-                  layer_idx=None) -> torch.Tensor:
+                  layer_idx=None, local_kv: bool = False) -> torch.Tensor:
     """DCP attention of ``query[B, Hq, Tq, D]`` over ``key/value[B, Hkv, Tk, D]``.
 
-    Returns ``[B, Hq, Tq, D]`` in the query dtype."""
+    ``local_kv``: key/value are this rank's shard only (``visible`` restricted to them), as a
+    process-group rank's :class:`DCPShardedCache` returns them; otherwise the whole sequence,
+    sharded here by :func:`shard_owner`. Returns ``[B, Hq, Tq, D]`` in the query dtype."""
     B, Hq, Tq, D = query.shape
     Tk = key.shape[2]
     n = settings.world_size
@@ -311,10 +399,15 @@ def dcp_attention(query, key, value, visible, scaling: float, settings: DCPSetti
     hp = -(-Hq // n) * n
     R = B * Tq
     qsl = torch.arange(R + 1, dtype=torch.int32, device=query.device)
-    owner = shard_owner(Tk, n, settings.interleave, device=query.device)
-    ranks = [settings.group.rank_in_group] if settings.group is not None else range(n)
-    o_all, s_all, nk_all = partial_attention(query, key, value, visible, scaling,
-                                             settings.base_e, wire, owner=owner, ranks=ranks)
+    if local_kv:
+        o_all, s_all, nk_all = (x[None] for x in partial_attention(
+            query, key, value, visible, scaling, settings.base_e, wire))
+    else:
+        owner = shard_owner(Tk, n, settings.interleave, device=query.device)
+        ranks = [settings.group.rank_in_group] if settings.group is not None else range(n)
+        o_all, s_all, nk_all = partial_attention(query, key, value, visible, scaling,
+                                                 settings.base_e, wire, owner=owner,
+                                                 ranks=ranks)
     # rows are (request, query) pairs: [Rn, B, Hq, Tq, D] -> [Rn, R, Hq, D]
     o_all = o_all.permute(0, 1, 3, 2, 4).reshape(-1, R, Hq, D)
     s_all = s_all.permute(0, 1, 3, 2).reshape(-1, R, Hq)
@@ -364,9 +457,22 @@ def dcp_attention_forward(module, query, key, value, attention_mask, dropout: fl
     if kwargs.get("softcap") is not None or kwargs.get("sliding_window") is not None:
         raise ValueError("dcp attention does not implement softcap or sliding windows")
     scaling = scaling if scaling is not None else D ** -0.5
+    layer_idx = getattr(module, "layer_idx", None)
+    if settings.group is not None:  # one rank of a process group: key/value are its shard
+        if settings.kv_cache is None or layer_idx is None:
+            raise ValueError("DCP over a process group needs the rank's sharded KV cache: "
+                             "generate(past_key_values=cache) with DCPSettings.kv_cache = cache "
+                             "(a DCPShardedCache)")
+        layer = settings.kv_cache.layers[layer_idx]
+        if key.shape[2] != layer.positions.numel():
+            raise ValueError(f"layer {layer_idx}: {key.shape[2]} keys but the rank's cache "
+                             f"holds {layer.positions.numel()}")
+        vis = visible_mask(attention_mask, B, Tq, layer.total, query.device)
+        out = dcp_attention(query, key, value, vis[..., layer.positions], scaling, settings,
+                            layer_idx=layer_idx, local_kv=True)
+        return out.transpose(1, 2).contiguous(), None
     vis = visible_mask(attention_mask, B, Tq, key.shape[2], query.device)
-    out = dcp_attention(query, key, value, vis, scaling, settings,
-                        layer_idx=getattr(module, "layer_idx", None))
+    out = dcp_attention(query, key, value, vis, scaling, settings, layer_idx=layer_idx)
     return out.transpose(1, 2).contiguous(), None
 
 

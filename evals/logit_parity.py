@@ -1,7 +1,8 @@
 """Logit parity: teacher-forced next-token logits of the DCP model vs the unsharded model.
 
-    python -m evals.logit_parity [--limit 64] [--dtypes float32,bfloat16] [--bases e,2]
-        [--backends packed,two_collective,ag_rs] [--dcp-size 3] [--out out/logit_parity]
+    python -m dcp_a2a.evals.logit_parity [--model smollm2|qwen2.5-coder-0.5b] [--limit 64]
+        [--dtypes float32,bfloat16] [--bases e,2] [--backends packed,two_collective,ag_rs]
+        [--dcp-size 3] [--out out/logit_parity]
 
 Texts: the first ``--limit`` GSM8K test questions with their reference answers
 ("Question: ...\\nAnswer: ..."), right-padded in batches. Every attention call is sharded
@@ -9,6 +10,10 @@ Texts: the first ``--limit`` GSM8K test questions with their reference answers
 base, over all non-padding positions: max |Δlogit|, mean KL(p_ref || p_dcp) (float32 softmax),
 top-1 agreement, against the same model with transformers' SDPA attention (``reference``).
 Writes ``logit_parity.json`` and ``logit_parity.md``.
+
+Reads only GSM8K's test.jsonl. The model (a registered one must be prepared: ``python -m
+dcp_a2a.evals.prepare --model NAME``) and the data are checked before anything is loaded: a
+missing one is one line naming it and its fix, exit status 2.
 """
 
 from __future__ import annotations
@@ -22,11 +27,23 @@ import dcp_a2a.evals  # noqa: F401  (dcp_a2a before transformers)
 
 import torch
 
+from .inputs import HelpFormatter, MissingInput, fail, require_module
+from .model import DEFAULT_MODEL, EVALS_EXTRA, MODELS, resolve_model
+from .tasks.gsm8k_local.utils import ENV_VAR, resolve_dir
+
+PROG = "python -m dcp_a2a.evals.logit_parity"
+NEEDS = ("test.jsonl",)  # the texts are test questions with their answers; no few-shot
+
+
+def data_dir(gsm8k_dir=None):
+    """The GSM8K directory holding test.jsonl (:class:`MissingInput` naming the fix)."""
+    return resolve_dir(gsm8k_dir, need=NEEDS,
+                       fix=f"pass --gsm8k-dir DIR or export {ENV_VAR}=DIR (DIR holding "
+                           "test.jsonl)")
+
 
 def gsm8k_texts(limit: int, gsm8k_dir=None) -> list[str]:
-    from dcp_a2a.evals.tasks.gsm8k_local.utils import resolve_dir
-
-    d = resolve_dir(gsm8k_dir)
+    d = data_dir(gsm8k_dir)
     texts = []
     with open(d / "test.jsonl") as fh:
         for line in fh:
@@ -72,13 +89,14 @@ def run(args) -> dict:
     bases = args.bases.split(",")
     rows = []
     for dtype in args.dtypes.split(","):
-        model, tok = load_model(args.pretrained, args.gguf_file, dtype=dtype, device=args.device)
+        model, tok = load_model(args.pretrained, args.gguf_file, dtype=dtype, device=args.device,
+                                model=args.model)
         # The floor of a 16-bit run: how far the unsharded model in that dtype is from the
         # unsharded float32 model. DCP's distance to the unsharded 16-bit model is read against it.
         floor_model = None
         if args.floor and dtype not in ("float32", "fp32"):
             floor_model, _ = load_model(args.pretrained, args.gguf_file, dtype="float32",
-                                        device=args.device)
+                                        device=args.device, model=args.model)
         floor = _new_acc()
         if tok.pad_token is None:
             tok.pad_token = tok.eos_token
@@ -138,25 +156,55 @@ def markdown(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv=None) -> dict:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--limit", type=int, default=64)
-    ap.add_argument("--batch-size", type=int, default=8)
-    ap.add_argument("--dtypes", default="float32,bfloat16")
-    ap.add_argument("--bases", default="e,2")
-    ap.add_argument("--backends", default="packed,two_collective,ag_rs")
-    ap.add_argument("--dcp-size", type=int, default=3)
-    ap.add_argument("--combine", default="auto", choices=("auto", "triton", "reference"))
-    ap.add_argument("--interleave", type=int, default=1)
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog=PROG, description=__doc__, formatter_class=HelpFormatter)
+    ap.add_argument("--limit", type=int, default=64,
+                    help="the first LIMIT GSM8K test questions (with their answers)")
+    ap.add_argument("--batch-size", type=int, default=8, help="texts per forward pass")
+    ap.add_argument("--dtypes", default="float32,bfloat16",
+                    help="comma-separated model dtypes, each loaded and compared on its own")
+    ap.add_argument("--bases", default="e,2", help="comma-separated LSE bases (e, 2)")
+    ap.add_argument("--backends", default="packed,two_collective,ag_rs",
+                    help="comma-separated DCP backends compared with the unsharded model")
+    ap.add_argument("--dcp-size", type=int, default=3, help="simulated DCP ranks N")
+    ap.add_argument("--combine", default="auto", choices=("auto", "triton", "reference"),
+                    help="auto = dcp_a2a's Triton kernels on CUDA, the pure-PyTorch reference "
+                         "wire path on the CPU")
+    ap.add_argument("--interleave", type=int, default=1,
+                    help="KV interleave: position j lives on rank (j // I) %% N")
     ap.add_argument("--no-floor", dest="floor", action="store_false",
                     help="skip the unsharded float32 vs 16-bit floor rows")
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--pretrained", default=None)
-    ap.add_argument("--gguf-file", default=None)
-    ap.add_argument("--gsm8k-dir", default=None)
-    ap.add_argument("--out", default="out/logit_parity")
-    args = ap.parse_args(argv)
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
+                    help="torch device")
+    ap.add_argument("--model", default=DEFAULT_MODEL, choices=sorted(MODELS),
+                    help="registered model (ignored with --pretrained); prepare it with python "
+                         "-m dcp_a2a.evals.prepare --model NAME")
+    ap.add_argument("--pretrained", default=None,
+                    help="an HF model directory or id instead of --model")
+    ap.add_argument("--gguf-file", default=None,
+                    help="with --pretrained DIR: the name of a GGUF file in DIR")
+    ap.add_argument("--gsm8k-dir", default=None,
+                    help=f"directory with test.jsonl; when not given ${ENV_VAR}, else "
+                         "../shared/data/gsm8k next to the checkout")
+    ap.add_argument("--out", default="out/logit_parity", help="output directory")
+    return ap
+
+
+def preflight(args) -> None:
+    """Check, without loading anything heavy, that transformers, the model and test.jsonl are
+    there."""
+    require_module("transformers", "transformers is not installed", EVALS_EXTRA)
+    resolve_model(args.model, args.pretrained, args.gguf_file)
+    data_dir(args.gsm8k_dir)
+
+
+def main(argv=None) -> dict:
+    args = parser().parse_args(argv)
+    try:
+        preflight(args)
+    except MissingInput as e:
+        fail(PROG, e)
     report = run(args)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

