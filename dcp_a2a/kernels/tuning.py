@@ -48,8 +48,10 @@ TABLE: dict[str, tuple[Rule, ...]] = {
     # decode: many small programs for latency; large batches: a whole (peer, token) slab per
     # program (16 heads x 256 words at D=512 bf16)
     "pack": (Rule(1024, 1024, 512, 2), Rule(_ANY, 1024, 4096, 8)),
-    # decode: one head per program for latency; large batches: 8 heads x 128 lanes
-    "combine": (Rule(256, 512, 1, 8), Rule(_ANY, 128, 1024, 8)),
+    # one head per program while that keeps the GPU busy (8 warps at the smallest sizes, 4 up to
+    # 16k rows: as many programs as the straightforward design, which otherwise won at B 32-128);
+    # large batches: 8 heads x 128 lanes per program
+    "combine": (Rule(256, 512, 1, 8), Rule(16384, 512, 1, 4), Rule(_ANY, 128, 1024, 8)),
     # the AG+RS weighting kernel (a read and a write of the local output)
     "scale": (Rule(_ANY, 512, 4096, 4),),
 }
@@ -57,25 +59,13 @@ TABLE: dict[str, tuple[Rule, ...]] = {
 INTERPRETER = {"pack": Rule(_ANY, 1024, 4096, 4), "combine": Rule(_ANY, 512, 4096, 4),
                "scale": Rule(_ANY, 512, 4096, 4)}
 
-# Candidate tables the benchmark compares (``python -m dcp_a2a.testing.bench --grid --tables``);
-# the product uses TABLE.
+# Tables the benchmark can compare with TABLE in one run (``python -m dcp_a2a.testing.bench
+# --grid --tables table,head_per_program``); docs/perf.md has the grid where these were chosen.
 CANDIDATES: dict[str, dict[str, tuple[Rule, ...]]] = {
-    "current": TABLE,
-    # one head per program up to 16k rows (as many programs as the straightforward design,
-    # which wins at decode sizes), the wide slabs above
-    "head_per_program": {
+    "table": TABLE,
+    "head_per_program": {  # one head per program up to 16k rows in both kernels, 4 warps
         "pack": (Rule(16384, 1024, 1, 4), Rule(_ANY, 1024, 4096, 8)),
         "combine": (Rule(16384, 512, 1, 4), Rule(_ANY, 128, 1024, 8)),
-        "scale": TABLE["scale"],
-    },
-    "head_per_program_8w": {
-        "pack": (Rule(16384, 1024, 1, 8), Rule(_ANY, 1024, 4096, 8)),
-        "combine": (Rule(16384, 512, 1, 8), Rule(_ANY, 128, 1024, 8)),
-        "scale": TABLE["scale"],
-    },
-    "head_per_program_4k": {
-        "pack": (Rule(4096, 1024, 1, 4), Rule(_ANY, 1024, 4096, 8)),
-        "combine": (Rule(4096, 512, 1, 4), Rule(_ANY, 128, 1024, 8)),
         "scale": TABLE["scale"],
     },
 }

@@ -212,7 +212,7 @@ def grid_points(quick: bool = False):
                     yield b, h, n, d, dt
 
 
-def grid_point(b, h, n, d, dtype_name, copy_gbps, tables=("current",)) -> dict:
+def grid_point(b, h, n, d, dtype_name, copy_gbps, tables=("table",)) -> dict:
     """Pack and unpack-combine, ours and the straightforward design's, on one shape; the
     straightforward result is checked against ours before anything is timed."""
     from . import straightforward as sf
@@ -279,7 +279,7 @@ def grid_table(rows: list[dict]) -> str:
 def grid_main(args) -> int:
     copy_gbps = copy_bandwidth()
     rows = []
-    tables = [t for t in (args.tables or "current").split(",") if t]
+    tables = [t for t in (args.tables or "table").split(",") if t]
     for point in grid_points(args.quick):
         rows.append(grid_point(*point, copy_gbps, tables))
     props = torch.cuda.get_device_properties(0)
