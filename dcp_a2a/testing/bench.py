@@ -117,14 +117,19 @@ def naive_torch(out, lse, send, n, hpr, d):
     return (w[..., None] * recv[..., :d].float()).sum(0).to(out.dtype)
 
 
-def bench_shape(b, h, d, n, dtype_name, copy_gbps, sweep=False) -> list[Row]:
+def _inputs(b, h, d, n, dtype_name):
+    """(dtype, element size, P, H/N, out[B, H, D], lse[B, H] fp32, send[N, B, H/N, D+P]) on
+    the GPU, random (never zeros: they hide unwritten outputs and time differently)."""
     dtype = getattr(torch, dtype_name)
-    es = torch.empty((), dtype=dtype).element_size()
     p = lse_pack_dim(dtype)
-    hpr = h // n
     out = torch.randn((b, h, d), device="cuda").to(dtype)
     lse = torch.randn((b, h), device="cuda") * 4
-    send = torch.empty((n, b, hpr, d + p), dtype=dtype, device="cuda")
+    send = torch.empty((n, b, h // n, d + p), dtype=dtype, device="cuda")
+    return dtype, out.element_size(), p, h // n, out, lse, send
+
+
+def bench_shape(b, h, d, n, dtype_name, copy_gbps, sweep=False) -> list[Row]:
+    dtype, es, p, hpr, out, lse, send = _inputs(b, h, d, n, dtype_name)
     pack_send(out, lse, send, n, hpr, d, p)
     recv = send.clone()
     data_send = torch.empty((n, b, hpr, d), dtype=dtype, device="cuda")
@@ -217,13 +222,7 @@ def grid_point(b, h, n, d, dtype_name, copy_gbps, tables=("table",)) -> dict:
     straightforward result is checked against ours before anything is timed."""
     from . import straightforward as sf
 
-    dtype = getattr(torch, dtype_name)
-    es = torch.empty((), dtype=dtype).element_size()
-    p = lse_pack_dim(dtype)
-    hpr = h // n
-    out = torch.randn((b, h, d), device="cuda").to(dtype)
-    lse = torch.randn((b, h), device="cuda") * 4
-    send = torch.empty((n, b, hpr, d + p), dtype=dtype, device="cuda")
+    dtype, es, p, hpr, out, lse, send = _inputs(b, h, d, n, dtype_name)
     recv = torch.empty_like(send)
     sf.pack(out, lse, send)
     pack_send(out, lse, recv, n, hpr, d, p)

@@ -311,22 +311,16 @@ def write_markdown(report: dict, path: Path) -> None:
                   f"{(f.get('message') or '').splitlines()[0] if f.get('message') else ''}",
                   "", "```",
                   (f.get("text") or "").strip()[-3000:], "```", ""]
-    xfails = {}
-    for t in report["tiers"]:
-        for r, c in (t.get("xfail_reasons") or {}).items():
-            xfails[r] = max(xfails.get(r, 0), c)
-    if xfails:
-        L += ["", "## Expected failures (xfail, strict)", "", "| tests | reason |", "|--:|---|"]
-        for r, c in sorted(xfails.items(), key=lambda kv: -kv[1]):
-            L.append(f"| {c} | {r.replace('|', '/')} |")
-    skips = {}
-    for t in report["tiers"]:
-        for r, c in (t.get("skip_reasons") or {}).items():
-            skips[r] = max(skips.get(r, 0), c)
-    if skips:
-        L += ["", "## Skip reasons", "", "| tests | reason |", "|--:|---|"]
-        for r, c in sorted(skips.items(), key=lambda kv: -kv[1]):
-            L.append(f"| {c} | {r.replace('|', '/')} |")
+    for key, title in (("xfail_reasons", "Expected failures (xfail, strict)"),
+                       ("skip_reasons", "Skip reasons")):
+        reasons: dict[str, int] = {}
+        for t in report["tiers"]:  # a test in several tiers is listed once
+            for r, c in (t.get(key) or {}).items():
+                reasons[r] = max(reasons.get(r, 0), c)
+        if reasons:
+            L += ["", f"## {title}", "", "| tests | reason |", "|--:|---|"]
+            for r, c in sorted(reasons.items(), key=lambda kv: -kv[1]):
+                L.append(f"| {c} | {r.replace('|', '/')} |")
     L += ["", "## pytest sessions", ""]
     for r in report.get("runs", []):
         L.append(f"- `{r['name']}`: tiers {', '.join(r['tiers'])}; exit {r['exit_status']}; "

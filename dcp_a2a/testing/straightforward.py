@@ -33,6 +33,17 @@ def _pack_kernel(out_ptr, lse_ptr, send_ptr, send_bits_ptr, B, H, HPR, D,
 
 
 @triton.jit
+def _load_lse(recv_bits_ptr, row, D, P: tl.constexpr):
+    if P == 1:
+        s = tl.load(recv_bits_ptr + row + D).to(tl.float32, bitcast=True)
+    else:
+        lo = tl.load(recv_bits_ptr + row + D).to(tl.int32) & 0xFFFF
+        hi = tl.load(recv_bits_ptr + row + D + 1).to(tl.int32)
+        s = ((hi << 16) | lo).to(tl.float32, bitcast=True)
+    return s
+
+
+@triton.jit
 def _unpack_kernel(recv_ptr, recv_bits_ptr, out_ptr, N, B, HPR, D,
                    P: tl.constexpr, BLOCK_D: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
@@ -40,25 +51,12 @@ def _unpack_kernel(recv_ptr, recv_bits_ptr, out_ptr, N, B, HPR, D,
     d = tl.arange(0, BLOCK_D)
     m = float("-inf")
     for r in range(N):
-        row = ((r * B + b) * HPR + h) * (D + P)
-        if P == 1:
-            s = tl.load(recv_bits_ptr + row + D).to(tl.float32, bitcast=True)
-        else:
-            lo = tl.load(recv_bits_ptr + row + D).to(tl.int32) & 0xFFFF
-            hi = tl.load(recv_bits_ptr + row + D + 1).to(tl.int32)
-            s = ((hi << 16) | lo).to(tl.float32, bitcast=True)
-        m = tl.maximum(m, s)
+        m = tl.maximum(m, _load_lse(recv_bits_ptr, ((r * B + b) * HPR + h) * (D + P), D, P))
     acc = tl.zeros((BLOCK_D,), dtype=tl.float32)
     total = 0.0
     for r in range(N):
         row = ((r * B + b) * HPR + h) * (D + P)
-        if P == 1:
-            s = tl.load(recv_bits_ptr + row + D).to(tl.float32, bitcast=True)
-        else:
-            lo = tl.load(recv_bits_ptr + row + D).to(tl.int32) & 0xFFFF
-            hi = tl.load(recv_bits_ptr + row + D + 1).to(tl.int32)
-            s = ((hi << 16) | lo).to(tl.float32, bitcast=True)
-        w = tl.exp(s - m)
+        w = tl.exp(_load_lse(recv_bits_ptr, row, D, P) - m)
         total += w
         acc += w * tl.load(recv_ptr + row + d, mask=d < D, other=0.0).to(tl.float32)
     y = acc / total
