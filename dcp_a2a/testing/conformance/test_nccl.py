@@ -6,9 +6,8 @@ from __future__ import annotations
 import pytest
 
 from dcp_a2a.testing.data import DTYPES, partials
-from dcp_a2a.testing.groups import masked_partials, run_cases
+from dcp_a2a.testing.groups import check_rank_result, masked_partials, run_cases
 from dcp_a2a.testing.plugin import need_gpus as _need
-from dcp_a2a.testing.data import heads_of
 
 pytestmark = [
     pytest.mark.multigpu, pytest.mark.multiproc, pytest.mark.conformance, pytest.mark.clause("exchange"),
@@ -33,8 +32,6 @@ def test_nccl_matches_oracle(nccl_pool, merge_check, impl, n, dtype):
     results = run_cases(nccl_pool, n, cases, data)
     for r in range(n):
         for case, (outs, _, _), o_lses, res in zip(cases, data, oracle, results[r]):
-            assert res["inputs_intact"]
-            merge_check(res["out"], res["lse"], outs, o_lses, is_lse_base_on_e=case["base_e"],
-                        heads=heads_of(r, n, outs.shape[2]))
+            check_rank_result(merge_check, res, r, n, outs, o_lses, case)
 
 
