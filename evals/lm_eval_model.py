@@ -16,7 +16,8 @@ causal/seq2seq switch is ``hf_backend``):
   model       registered model: smollm2 (default) | qwen2.5-coder-0.5b (see evals/model.py)
   pretrained  an HF model directory or id instead (gguf_file=NAME for a GGUF inside it)
   dtype       float32 (default) | bfloat16 | float16 | float64 | auto
-  device      cuda if available, else cpu
+  device      cuda if available, else cpu (lm-eval's --device; cuda falls back to cpu
+              where CUDA is not available)
   dcp_size    N simulated ranks (default 3)
   backend     reference (the unsharded model, SDPA) | packed | two_collective | ag_rs
               (default packed)
@@ -70,6 +71,11 @@ class DCPHFLM(HFLM):
         resolved = resolve_model(model, pretrained, gguf_file)
         if dcp_rank is not None:
             device = dcp_rank.device
+        elif str(device).startswith("cuda") and not torch.cuda.is_available():
+            # lm-eval's CLI passes --device cuda unless told otherwise
+            print(f"dcp-hf: device {device} requested but CUDA is not available: using cpu",
+                  file=sys.stderr)
+            device = "cpu"
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         m, tok = load_model(resolved["pretrained"], resolved["gguf_file"], dtype=dtype,
                             device=device)
@@ -123,8 +129,8 @@ def main(argv=None) -> None:
     else:
         if "--tasks" in args and "--include_path" not in args:
             args += ["--include_path", str(Path(__file__).resolve().parent / "tasks")]
-        try:  # an unprepared model fails here, in one line, before lm-eval starts
-            _check_model_args(args)
+        try:  # an unprepared model or missing data fails here, in one line, before lm-eval
+            _preflight(args)
         except MissingInput as e:
             fail(PROG, e)
     sys.argv = [sys.argv[0], *args]
@@ -137,15 +143,27 @@ def main(argv=None) -> None:
 PROG = "python -m dcp_a2a.evals.lm_eval_model"
 
 
-def _check_model_args(args: list[str]) -> None:
-    """resolve_model on ``--model_args`` of a dcp-hf run (comma-separated key=value)."""
-    if "--model" not in args or "--model_args" not in args:
-        return
-    if args[args.index("--model") + 1:][:1] != ["dcp-hf"]:
-        return
-    raw = args[args.index("--model_args") + 1:][:1]
-    kv = dict(x.split("=", 1) for x in (raw[0].split(",") if raw else []) if "=" in x)
-    resolve_model(kv.get("model"), kv.get("pretrained"), kv.get("gguf_file"))
+def _value(args: list[str], flag: str) -> str | None:
+    return args[args.index(flag) + 1] if flag in args[:-1] else None
+
+
+def _preflight(args: list[str]) -> None:
+    """resolve_model on ``--model_args`` of a dcp-hf run (comma-separated key=value), and the
+    GSM8K directory (``--metadata``'s gsm8k_dir) of a gsm8k_local run."""
+    import json
+
+    from .tasks.gsm8k_local.utils import resolve_dir
+
+    if _value(args, "--model") == "dcp-hf":
+        raw = _value(args, "--model_args") or ""
+        kv = dict(x.split("=", 1) for x in raw.split(",") if "=" in x)
+        resolve_model(kv.get("model"), kv.get("pretrained"), kv.get("gguf_file"))
+    if "gsm8k_local" in (_value(args, "--tasks") or "").split(","):
+        try:
+            meta = json.loads(_value(args, "--metadata") or "{}")
+        except ValueError:
+            meta = {}  # lm-eval reports a malformed --metadata itself
+        resolve_dir(meta.get("gsm8k_dir") if isinstance(meta, dict) else None)
 
 
 if __name__ == "__main__":

