@@ -161,7 +161,8 @@ def test_validate_runs_this_repository_suite(tmp_path):
     reported 0 tests in every tier on a GPU machine)."""
     out = tmp_path / "report"
     code = cli.main(["validate", "--tiers", "unit", "--out", str(out), "-j", "0",
-                     "--no-progress", "--no-plots", "--", "-k", "test_lse_pack_dim"])
+                     "--no-progress", "--no-plots", "--",
+                     "dcp_a2a/testing/conformance/test_args.py", "-k", "test_lse_pack_dim"])
     rep = json.loads((out / "validation.json").read_text())
     unit = _tier(rep, "unit")
     assert code == cli.EXIT_OK, rep["runs"]

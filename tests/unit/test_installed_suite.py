@@ -53,6 +53,7 @@ def test_wheel_ships_the_suite_and_runs_it_from_anywhere(tmp_path):
     assert pkg.startswith(str(site)) and tol.startswith(str(site)), where.stdout + where.stderr
     proc = _run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:xdist",
                  "-p", "dcp_a2a.testing.plugin", "--pyargs", "dcp_a2a.testing.conformance",
-                 "-m", "conformance and unit", "-q"], cwd=work, env=env)
+                 "-m", "conformance and unit", "-k", "lse_pack_dim or rejects_fp8", "-q"],
+                cwd=work, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     assert " passed" in proc.stdout and "failed" not in proc.stdout
