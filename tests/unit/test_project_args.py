@@ -43,7 +43,7 @@ def test_project_refuses_aliased_staging_buffer(project_only):
         pack_send(out, lse, send, n, h // n, d, 2)
 
 
-def test_no_process_group_for_n_above_one_is_refused_before_any_kernel(monkeypatch):
+def test_no_process_group_for_n_above_one_is_refused_before_any_kernel(monkeypatch, device):
     """Group(2, 0, None): a ValueError naming device_group, before the pack kernel runs (it
     used to run, and torch then failed inside all_to_all_single)."""
     from dcp_a2a import lse_reduce
@@ -53,7 +53,7 @@ def test_no_process_group_for_n_above_one_is_refused_before_any_kernel(monkeypat
         raise AssertionError("the pack kernel ran before the group was checked")
 
     monkeypatch.setattr(pack_mod, "_pack_kernel", no_kernel)
-    outs, lses = partials(1, 2, 4, 8, torch.float16)
+    outs, lses = partials(1, 2, 4, 8, torch.float16, device=device)
     with pytest.raises(ValueError, match="device_group is None but world_size=2"):
         lse_reduce(outs[0], lses[0], Group(2, 0, None))
 
