@@ -68,7 +68,9 @@ def test_every_mutant_killed_and_correct_implementations_pass(tmp_path):
     passes the same conformance tier in this very test session, with the default --impl, so
     the self-check does not run it a second time here; ``python -m dcp_a2a.testing.selfcheck``
     runs both.)"""
-    proc, report = _selfcheck(tmp_path, "--correct", "dcp_a2a.reference.contract",
+    # --jobs 1: the reference contract's run is forked from the preloaded server too (xdist
+    # workers would each import torch again, on a CI machine whose cores run the suite already)
+    proc, report = _selfcheck(tmp_path, "--correct", "dcp_a2a.reference.contract", "--jobs", "1",
                               timeout=2400)
     print(proc.stdout)  # the kill table, in the CI log
     assert report is not None, proc.stdout[-4000:] + proc.stderr[-4000:]
