@@ -28,7 +28,7 @@ import dcp_a2a.evals  # noqa: F401  (dcp_a2a before transformers)
 import torch
 
 from .inputs import HelpFormatter, MissingInput, fail, require_module
-from .model import DEFAULT_MODEL, EVALS_EXTRA, MODELS, resolve_model
+from .model import EVALS_EXTRA, add_model_arguments, resolve_model
 from .tasks.gsm8k_local.utils import ENV_VAR, resolve_dir
 
 PROG = "python -m dcp_a2a.evals.logit_parity"
@@ -177,13 +177,7 @@ def parser() -> argparse.ArgumentParser:
                     help="skip the unsharded float32 vs 16-bit floor rows")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
                     help="torch device")
-    ap.add_argument("--model", default=DEFAULT_MODEL, choices=sorted(MODELS),
-                    help="registered model (ignored with --pretrained); prepare it with python "
-                         "-m dcp_a2a.evals.prepare --model NAME")
-    ap.add_argument("--pretrained", default=None,
-                    help="an HF model directory or id instead of --model")
-    ap.add_argument("--gguf-file", default=None,
-                    help="with --pretrained DIR: the name of a GGUF file in DIR")
+    add_model_arguments(ap)
     ap.add_argument("--gsm8k-dir", default=None,
                     help=f"directory with test.jsonl; when not given ${ENV_VAR}, else "
                          "../shared/data/gsm8k next to the checkout")

@@ -220,3 +220,14 @@ def load_model(pretrained: str | None = None, gguf_file: str | None = None,
     m = AutoModelForCausalLM.from_pretrained(r["pretrained"], dtype=parse_dtype(dtype),
                                              attn_implementation="sdpa", **kw)
     return m.to(device).eval(), tok
+
+
+def add_model_arguments(ap) -> None:
+    """The model options every eval command takes: --model, --pretrained, --gguf-file."""
+    ap.add_argument("--model", default=DEFAULT_MODEL, choices=sorted(MODELS),
+                    help="registered model (ignored with --pretrained); prepare it with python "
+                         "-m dcp_a2a.evals.prepare --model NAME")
+    ap.add_argument("--pretrained", default=None,
+                    help="an HF model directory or id instead of --model")
+    ap.add_argument("--gguf-file", default=None,
+                    help="with --pretrained DIR: the name of a GGUF file in DIR")
