@@ -44,12 +44,16 @@ def check_rank_result(merge_check, res, rank, n, outs, lses, case, *, kind="a2a"
                        heads=heads_of(rank, n, H))
 
 
-def run_and_check(rank_pool, merge_check, n, cases, data):
-    """Run ``cases`` on every rank of the N-rank group and check each rank's results."""
+def run_and_check(rank_pool, merge_check, n, cases, data, oracle_lses=None):
+    """Run ``cases`` on every rank of the N-rank group and check each rank's results against
+    the oracle of ``data``'s partials (with ``oracle_lses[i]`` in place of case i's LSEs where
+    masking changes what the oracle must see). Returns results[rank][case]."""
     results = run_cases(rank_pool, n, cases, data)
+    oracle_lses = oracle_lses or [lses for _, lses, _ in data]
     for r in range(n):
-        for case, (outs, lses, _), res in zip(cases, data, results[r]):
-            check_rank_result(merge_check, res, r, n, outs, lses, case)
+        for case, (outs, _, _), o_lses, res in zip(cases, data, oracle_lses, results[r]):
+            check_rank_result(merge_check, res, r, n, outs, o_lses, case)
+    return results
 
 
 # --------------------------------------------------------------------------- data

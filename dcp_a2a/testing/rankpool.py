@@ -375,7 +375,6 @@ class RankPool:
             return self
         self._teardown()
         import torch.distributed as dist
-        import torch.multiprocessing as mp
 
         ctx = _mp_context(self.start_method, self.preload)
         # The parent hosts the rendezvous store on a port the OS picks: no port races.

@@ -9,7 +9,6 @@ import math
 import pytest
 import torch
 
-from dcp_a2a import Group
 from dcp_a2a.testing.data import DTYPES, heads_of, partials
 
 

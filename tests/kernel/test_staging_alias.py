@@ -8,7 +8,6 @@ import pytest
 import torch
 
 from dcp_a2a import Group, StagingBuffers, lse_reduce
-from dcp_a2a.inprocess import lse_reduce_in_process
 from dcp_a2a.testing.data import partials
 from tests.gpu._designs import CarvedWorkspace
 

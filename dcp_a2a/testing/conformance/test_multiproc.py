@@ -16,7 +16,7 @@ import torch
 
 from dcp_a2a.testing import tasks as mp_tasks
 from dcp_a2a.testing.data import DTYPES, partials
-from dcp_a2a.testing.groups import check_rank_result, masked_partials, run_and_check, run_cases
+from dcp_a2a.testing.groups import masked_partials, run_and_check
 
 pytestmark = [pytest.mark.multiproc, pytest.mark.conformance, pytest.mark.clause("exchange")]
 
@@ -52,10 +52,9 @@ def test_empty_shards_and_padding_rows(rank_pool, merge_check, impl, n, dtype):
         cases.append(dict(return_lse=True, base_e=base_e, query_start_loc=qsl, backend=None))
         data.append((outs, lses, seq_lens))
         oracle.append(oracle_lses)
-    results = run_cases(rank_pool, n, cases, data)
+    results = run_and_check(rank_pool, merge_check, n, cases, data, oracle)
     for r in range(n):
-        for case, (outs, _, _), oracle_lses, res in zip(cases, data, oracle, results[r]):
-            check_rank_result(merge_check, res, r, n, outs, oracle_lses, case)
+        for res in results[r]:
             out, lse = res["out"], res["lse"]
             assert torch.equal(out[4:].float(), torch.zeros_like(out[4:].float())), \
                 f"rank {r}: padding rows must merge to 0"
@@ -88,10 +87,8 @@ def test_eight_ranks(rank_pool, merge_check, impl):
                                                               hpr=1, empty_rank=5)
     cases = [dict(return_lse=False, base_e=True, query_start_loc=None, backend=None),
              dict(return_lse=True, base_e=False, query_start_loc=qsl, backend=None)]
-    results = run_cases(rank_pool, n, cases, [(outs, lses, None), (m_outs, m_lses, seq_lens)])
-    for r in range(n):
-        check_rank_result(merge_check, results[r][0], r, n, outs, lses, cases[0])
-        check_rank_result(merge_check, results[r][1], r, n, m_outs, m_oracle, cases[1])
+    run_and_check(rank_pool, merge_check, n, cases,
+                  [(outs, lses, None), (m_outs, m_lses, seq_lens)], [lses, m_oracle])
 
 
 @pytest.mark.clause("bad input")  # overrides the module's clause

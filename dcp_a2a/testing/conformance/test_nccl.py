@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from dcp_a2a.testing.data import DTYPES, partials
-from dcp_a2a.testing.groups import check_rank_result, masked_partials, run_cases
+from dcp_a2a.testing.groups import masked_partials, run_and_check
 from dcp_a2a.testing.plugin import need_gpus as _need
 
 pytestmark = [
@@ -29,9 +29,6 @@ def test_nccl_matches_oracle(nccl_pool, merge_check, impl, n, dtype):
         cases.append(dict(return_lse=True, base_e=base_e, query_start_loc=qsl, backend=None))
         data.append((outs, lses, seq_lens))
         oracle.append(oracle_lses)
-    results = run_cases(nccl_pool, n, cases, data)
-    for r in range(n):
-        for case, (outs, _, _), o_lses, res in zip(cases, data, oracle, results[r]):
-            check_rank_result(merge_check, res, r, n, outs, o_lses, case)
+    run_and_check(nccl_pool, merge_check, n, cases, data, oracle)
 
 
