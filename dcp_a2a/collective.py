@@ -13,6 +13,10 @@ Backends
                   together, then the same combine kernel (bitwise equal to packed)
   ag_rs           all-gather the LSEs, weight the local output by exp(s_local - g),
                   reduce-scatter along heads (the sum runs in the output dtype)
+  symm_mem        no collective: the pack kernel stores every slice into its owner's
+                  symmetric-memory buffer and signals it, the combine kernel waits for the
+                  signals (:mod:`dcp_a2a.kernels.direct`; needs ``buffers=SymmMemBuffers``);
+                  the same combine arithmetic as packed, so bitwise equal to it
 """
 
 from __future__ import annotations
@@ -24,7 +28,9 @@ import torch
 
 from .buffers import StagingBuffers, default_buffers
 from .kernels.combine import combine_packed, combine_separate, scale_for_reduce_scatter
+from .kernels.direct import combine_from_peers, pack_to_peers
 from .kernels.pack import lse_to_wire, pack
+from .symm_mem import SymmMemBuffers
 from .wire import (
     check_head_split,
     check_output_and_lse,
@@ -32,10 +38,11 @@ from .wire import (
     lse_pack_dim,
     require_bool,
     require_int,
+    require_disjoint,
     require_runnable_device,
 )
 
-BACKENDS = ("packed", "two_collective", "ag_rs")
+BACKENDS = ("packed", "two_collective", "ag_rs", "symm_mem")
 
 Step = tuple[str, Any]
 
@@ -101,7 +108,7 @@ class _Call:
     is_lse_base_on_e: bool
     seq_lens: Any
     query_start_loc: Any
-    buffers: StagingBuffers
+    buffers: StagingBuffers | SymmMemBuffers
 
     @property
     def avoid(self):  # staging must never alias the inputs
@@ -127,6 +134,17 @@ def lse_reduce_steps(out, lse, world_size: int, rank: int, *, return_lse=False,
     check_seq_meta(seq_lens, query_start_loc, B, out.device)
     if B and H:
         require_runnable_device(out)
+    if backend == "symm_mem":
+        if not isinstance(buffers, SymmMemBuffers):
+            raise ValueError(
+                "backend='symm_mem' needs buffers=SymmMemBuffers(group, max_tokens=..., "
+                "num_heads=..., head_dim=..., dtype=...), created once on every rank of the "
+                f"group; got buffers={type(buffers).__name__}")
+        buffers.check_call(out, world_size, rank)
+        require_disjoint("the symm_mem receive buffer", buffers.tables.recv, out=out, lse=lse)
+    elif buffers is not None and not isinstance(buffers, StagingBuffers):
+        raise TypeError(f"backend={backend!r} takes buffers=StagingBuffers (or None), got "
+                        f"{type(buffers).__name__}")
     call = _Call(out, lse, world_size, rank, hpr, return_lse, is_lse_base_on_e, seq_lens,
                  query_start_loc, buffers if buffers is not None else default_buffers())
     return _BACKEND_STEPS[backend](call)
@@ -169,7 +187,23 @@ def _ag_rs(c: _Call):
     return (merged, lse_out) if c.return_lse else merged
 
 
-_BACKEND_STEPS = {"packed": _packed, "two_collective": _two_collective, "ag_rs": _ag_rs}
+def _symm_mem(c: _Call):
+    B, H, D = c.out.shape
+    tables = c.buffers.tables
+    if B and H:  # every rank has the same rows: with none, nobody signals and nobody waits
+        pack_to_peers(c.out, c.lse, tables, c.seq_lens, c.query_start_loc)
+    # The device-side signals order the exchange; this step only tells an in-process driver
+    # that every rank's pack must run before any rank's combine.
+    yield ("peers_signalled", None)
+    if B and H:
+        return combine_from_peers(tables, B, c.return_lse, c.is_lse_base_on_e)
+    merged = torch.empty((B, c.h_per_rank, D), dtype=c.out.dtype, device=c.out.device)
+    lse_out = torch.empty((B, c.h_per_rank), dtype=torch.float32, device=c.out.device)
+    return (merged, lse_out) if c.return_lse else merged
+
+
+_BACKEND_STEPS = {"packed": _packed, "two_collective": _two_collective, "ag_rs": _ag_rs,
+                  "symm_mem": _symm_mem}
 
 
 # --------------------------------------------------------------------------- real collectives
@@ -191,6 +225,8 @@ def _reduce_scatter(out, inp, group):
 def _dist_step(kind: str, payload, pg, world_size: int):
     import torch.distributed as dist
 
+    if kind == "peers_signalled":  # ordered on the device by the kernels' signals
+        return None
     if world_size == 1:  # pass-through: nothing to exchange
         return _local_step(kind, payload)
     if kind == "all_to_all":
@@ -215,6 +251,8 @@ def _dist_step(kind: str, payload, pg, world_size: int):
 
 def _local_step(kind: str, payload):
     """The exchange of a group of one: every collective is the identity."""
+    if kind == "peers_signalled":
+        return None
     if kind == "all_to_all":
         return payload[0]
     if kind == "all_to_all_pair":
@@ -240,13 +278,15 @@ def drive(steps: Generator[Step, Any, Any], step_fn) -> Any:
 
 
 def lse_reduce(out, lse, group, *, return_lse=False, is_lse_base_on_e=True, seq_lens=None,
-               query_start_loc=None, backend="packed", buffers: StagingBuffers | None = None):
+               query_start_loc=None, backend="packed",
+               buffers: StagingBuffers | SymmMemBuffers | None = None):
     """Merge this rank's DCP attention partial with its peers'.
 
     ``out[B, H, D]`` (fp16/bf16/fp32, any strides) and ``lse[B, H]`` (fp32/bf16/fp16) are this
     rank's partial over its KV shard. Returns ``out[B, H/N, D]`` for heads
     [r*H/N, (r+1)*H/N) in out's dtype, and ``(out, lse[B, H/N] float32)`` when ``return_lse``.
     ``group`` is any object with ``world_size``, ``rank_in_group`` and ``device_group``.
+    ``backend="symm_mem"`` needs ``buffers=SymmMemBuffers(group, ...)`` made once per group.
     """
     n, r = _check_group(group)
     steps = lse_reduce_steps(out, lse, n, r, return_lse=return_lse,

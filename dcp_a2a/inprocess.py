@@ -16,6 +16,7 @@ import torch
 
 from .buffers import StagingBuffers
 from .collective import lse_reduce_steps
+from .symm_mem import SymmMemBuffers
 
 
 def all_to_all(sends: Sequence[torch.Tensor], recvs: Sequence[torch.Tensor] | None = None
@@ -39,6 +40,8 @@ def _exchange(kind: str, payloads: list):
     if kind == "all_to_all_pair":
         parts = [_exchange("all_to_all", [p[i] for p in payloads]) for i in range(2)]
         return [(parts[0][r], parts[1][r]) for r in range(n)]
+    if kind == "peers_signalled":  # the direct kernels exchanged already: nothing to move
+        return [None] * n
     if kind == "all_gather":
         for _, gathered in payloads:
             for src, (local, _) in enumerate(payloads):
@@ -60,21 +63,32 @@ def _exchange(kind: str, payloads: list):
 
 def lse_reduce_in_process(outs: Sequence[torch.Tensor], lses: Sequence[torch.Tensor], *,
                           return_lse=False, is_lse_base_on_e=True, seq_lens=None,
-                          query_start_loc=None, backend="packed"):
+                          query_start_loc=None, backend="packed", buffers=None):
     """Every rank's ``lse_reduce`` result for per-rank partials ``outs[r]``/``lses[r]``.
 
     ``seq_lens`` is None or a per-rank sequence of tensors (each rank has its own local KV
-    lengths); ``query_start_loc`` is shared by all ranks.
+    lengths); ``query_start_loc`` is shared by all ranks. ``buffers``: per-rank buffers to
+    reuse across calls (``SymmMemBuffers.in_process(...)`` for symm_mem); default fresh ones.
     """
     n = len(outs)
     if len(lses) != n:
         raise ValueError(f"got {n} outputs but {len(lses)} LSEs")
+    if buffers is not None:
+        if len(buffers) != n:
+            raise ValueError(f"got {n} ranks' partials but {len(buffers)} ranks' buffers")
+    elif backend == "symm_mem" and n:
+        B, H, D = outs[0].shape
+        buffers = SymmMemBuffers.in_process(n, max_tokens=max(B, 1), num_heads=max(H, n),
+                                            head_dim=D, dtype=outs[0].dtype,
+                                            device=outs[0].device)
+    else:
+        buffers = [StagingBuffers() for _ in range(n)]
     gens = [
         lse_reduce_steps(outs[r], lses[r], n, r, return_lse=return_lse,
                          is_lse_base_on_e=is_lse_base_on_e,
                          seq_lens=None if seq_lens is None else seq_lens[r],
                          query_start_loc=query_start_loc, backend=backend,
-                         buffers=StagingBuffers())
+                         buffers=buffers[r])
         for r in range(n)
     ]
     reqs = [next(g) for g in gens] if n else []

@@ -72,7 +72,7 @@ def _load_lanes(data_ptr, data_bits_ptr, offs, mask, IS_BF16: tl.constexpr,
 
 
 @triton.jit
-def _combine_kernel(
+def combine_rows(
     data_ptr, data_bits_ptr, lse_ptr, out_ptr, out_bits_ptr, lse_out_ptr,
     B, HPR, D,
     s_dn, s_db, s_dh, s_dd, s_ln, s_lb, s_lh,
@@ -80,7 +80,8 @@ def _combine_kernel(
     RETURN_LSE: tl.constexpr, IS_BF16: tl.constexpr, PAIRS: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, STREAM: tl.constexpr,
 ):
-    """out[b, h, :] = sum_r scale_r * data[r, b, h, :] for one token row and BLOCK_H heads.
+    """out[b, h, :] = sum_r scale_r * data[r, b, h, :] for this program's token row and BLOCK_H
+    heads.
 
     PAIRS: the data (and output) pointers are 32-bit words holding two 16-bit values, D and
     the strides count words, and a packed LSE is the word at index D (LSE_LANES == 1)."""
@@ -120,6 +121,21 @@ def _combine_kernel(
 
 
 @triton.jit
+def _combine_kernel(
+    data_ptr, data_bits_ptr, lse_ptr, out_ptr, out_bits_ptr, lse_out_ptr,
+    B, HPR, D,
+    s_dn, s_db, s_dh, s_dd, s_ln, s_lb, s_lh,
+    N: tl.constexpr, LSE_LANES: tl.constexpr, BASE_E: tl.constexpr,
+    RETURN_LSE: tl.constexpr, IS_BF16: tl.constexpr, PAIRS: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, STREAM: tl.constexpr,
+):
+    combine_rows(data_ptr, data_bits_ptr, lse_ptr, out_ptr, out_bits_ptr, lse_out_ptr,
+                 B, HPR, D, s_dn, s_db, s_dh, s_dd, s_ln, s_lb, s_lh,
+                 N, LSE_LANES, BASE_E, RETURN_LSE, IS_BF16, PAIRS,
+                 BLOCK_N, BLOCK_H, BLOCK_D, STREAM)
+
+
+@triton.jit
 def _scale_kernel(
     out_ptr, out_bits_ptr, lse_all_ptr, dst_ptr, dst_bits_ptr, lse_out_ptr,
     N, B, H, HPR, D, rank,
@@ -150,13 +166,16 @@ def _scale_kernel(
         tl.store(lse_out_ptr + b * HPR + h % HPR, g, mask=mine)
 
 
-def _combine(data, data_bits, lse, N, B, hpr, D, lse_lanes, return_lse, is_lse_base_on_e):
-    """``data_bits`` is the integer view of the buffer holding ``data`` (the whole wire row when
-    the LSE is packed: ``lse_lanes`` = P); ``lse`` the separate fp32 LSE (``lse_lanes`` = 0)."""
+def combine_launch_args(data, data_bits, lse, N, B, hpr, D, lse_lanes, return_lse,
+                        is_lse_base_on_e):
+    """(grid, positional args, constexpr keywords, out, lse_out) of one combine launch.
+
+    ``data_bits`` is the integer view of the buffer holding ``data`` (the whole wire row when
+    the LSE is packed: ``lse_lanes`` = P); ``lse`` the separate fp32 LSE (``lse_lanes`` = 0).
+    Lanes, strides and offsets count the units the kernel moves: 32-bit words when two 16-bit
+    lanes are paired (``kw["PAIRS"]``), else elements."""
     out = torch.empty((B, hpr, D), dtype=data.dtype, device=data.device)
     lse_out = torch.empty((B, hpr), dtype=torch.float32, device=data.device)
-    if B == 0 or hpr == 0:
-        return (out, lse_out) if return_lse else out
     words = as_words(data_bits) if D % 2 == 0 else None
     if words is not None:  # two 16-bit lanes per 32-bit access; the LSE is one word
         src, src_bits, out_bits, lanes = words, words, out.view(torch.int32), D // 2
@@ -165,15 +184,21 @@ def _combine(data, data_bits, lse, N, B, hpr, D, lse_lanes, return_lse, is_lse_b
         src, src_bits, out_bits, lanes = data, data_bits, bits(out), D
     cfg = combine_launch(N, B, hpr, lanes)
     lse_strides = lse.stride() if lse is not None else (0, 0, 0)
-    _combine_kernel[(B, triton.cdiv(hpr, cfg.block_h))](
-        src, src_bits, lse if lse is not None else lse_out, out, out_bits, lse_out,
-        B, hpr, lanes,
-        src.stride(0), src.stride(1), src.stride(2), src.stride(3), *lse_strides,
-        N=N, LSE_LANES=lse_lanes, BASE_E=is_lse_base_on_e, RETURN_LSE=return_lse,
-        IS_BF16=data.dtype == torch.bfloat16, PAIRS=words is not None,
-        BLOCK_N=next_pow2(N), BLOCK_H=cfg.block_h, BLOCK_D=cfg.block_d, STREAM=cfg.stream,
-        num_warps=cfg.num_warps, **NO_CONTRACTION,
-    )
+    args = (src, src_bits, lse if lse is not None else lse_out, out, out_bits, lse_out,
+            B, hpr, lanes,
+            src.stride(0), src.stride(1), src.stride(2), src.stride(3), *lse_strides)
+    kw = dict(N=N, LSE_LANES=lse_lanes, BASE_E=is_lse_base_on_e, RETURN_LSE=return_lse,
+              IS_BF16=data.dtype == torch.bfloat16, PAIRS=words is not None,
+              BLOCK_N=next_pow2(N), BLOCK_H=cfg.block_h, BLOCK_D=cfg.block_d, STREAM=cfg.stream,
+              num_warps=cfg.num_warps, **NO_CONTRACTION)
+    return (B, triton.cdiv(hpr, cfg.block_h)), args, kw, out, lse_out
+
+
+def _combine(data, data_bits, lse, N, B, hpr, D, lse_lanes, return_lse, is_lse_base_on_e):
+    grid, args, kw, out, lse_out = combine_launch_args(
+        data, data_bits, lse, N, B, hpr, D, lse_lanes, return_lse, is_lse_base_on_e)
+    if B and hpr:
+        _combine_kernel[grid](*args, **kw)
     return (out, lse_out) if return_lse else out
 
 

@@ -23,6 +23,39 @@ from .tuning import pack_launch
 
 
 @triton.jit
+def write_rows(
+    out_bits_ptr, lse_ptr, dst_row, seq_lens_ptr, qsl_ptr, b, h, h_ok,
+    D, num_seqs, steps, s_ob, s_oh, s_od, s_lb, s_lh,
+    P: tl.constexpr, HAS_MASK: tl.constexpr, BLOCK_D: tl.constexpr, STREAM: tl.constexpr,
+):
+    """Write the wire rows of token ``b`` and heads ``h`` ([BLOCK_H]): ``dst_row[i]`` points at
+    the first lane of head h[i]'s row (D output lanes, then P LSE lanes)."""
+    src_row = b * s_ob + h * s_oh
+    for d0 in range(0, D, BLOCK_D):
+        d = d0 + tl.arange(0, BLOCK_D)
+        m = h_ok[:, None] & (d < D)[None, :]
+        if STREAM:
+            x = tl.load(out_bits_ptr + src_row[:, None] + d[None, :] * s_od, mask=m,
+                        eviction_policy="evict_first")
+            tl.store(dst_row[:, None] + d[None, :], x, mask=m, cache_modifier=".cs")
+        else:
+            x = tl.load(out_bits_ptr + src_row[:, None] + d[None, :] * s_od, mask=m)
+            tl.store(dst_row[:, None] + d[None, :], x, mask=m)
+
+    lse = tl.load(lse_ptr + b * s_lb + h * s_lh, mask=h_ok).to(tl.float32)
+    if HAS_MASK:
+        empty = row_is_empty(b, seq_lens_ptr, qsl_ptr, num_seqs, steps)
+        lse = tl.where(empty, float("-inf"), lse)
+    lse_bits = lse.to(tl.int32, bitcast=True)
+    if P == 1:
+        tl.store(dst_row + D, lse_bits, mask=h_ok)
+    else:
+        # little-endian halves: the 4 bytes of the float32 in memory order
+        tl.store(dst_row + D, (lse_bits & 0xFFFF).to(tl.int16), mask=h_ok)
+        tl.store(dst_row + D + 1, (lse_bits >> 16).to(tl.int16), mask=h_ok)
+
+
+@triton.jit
 def _pack_kernel(
     out_bits_ptr, lse_ptr, send_bits_ptr, seq_lens_ptr, qsl_ptr,
     B, H, HPR, D, num_seqs, steps,
@@ -32,33 +65,11 @@ def _pack_kernel(
 ):
     b = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1).to(tl.int64) * BLOCK_H + tl.arange(0, BLOCK_H)
-    h_ok = h < H
     peer = h // HPR
     row = ((peer * B + b) * HPR + h % HPR) * (D + P)  # int64: the buffer may pass 2^31 elements
-
-    src_row = b * s_ob + h * s_oh
-    for d0 in range(0, D, BLOCK_D):
-        d = d0 + tl.arange(0, BLOCK_D)
-        m = h_ok[:, None] & (d < D)[None, :]
-        if STREAM:
-            x = tl.load(out_bits_ptr + src_row[:, None] + d[None, :] * s_od, mask=m,
-                        eviction_policy="evict_first")
-            tl.store(send_bits_ptr + row[:, None] + d[None, :], x, mask=m, cache_modifier=".cs")
-        else:
-            x = tl.load(out_bits_ptr + src_row[:, None] + d[None, :] * s_od, mask=m)
-            tl.store(send_bits_ptr + row[:, None] + d[None, :], x, mask=m)
-
-    lse = tl.load(lse_ptr + b * s_lb + h * s_lh, mask=h_ok).to(tl.float32)
-    if HAS_MASK:
-        empty = row_is_empty(b, seq_lens_ptr, qsl_ptr, num_seqs, steps)
-        lse = tl.where(empty, float("-inf"), lse)
-    lse_bits = lse.to(tl.int32, bitcast=True)
-    if P == 1:
-        tl.store(send_bits_ptr + row + D, lse_bits, mask=h_ok)
-    else:
-        # little-endian halves: the 4 bytes of the float32 in memory order
-        tl.store(send_bits_ptr + row + D, (lse_bits & 0xFFFF).to(tl.int16), mask=h_ok)
-        tl.store(send_bits_ptr + row + D + 1, (lse_bits >> 16).to(tl.int16), mask=h_ok)
+    write_rows(out_bits_ptr, lse_ptr, send_bits_ptr + row, seq_lens_ptr, qsl_ptr, b, h, h < H,
+               D, num_seqs, steps, s_ob, s_oh, s_od, s_lb, s_lh,
+               P, HAS_MASK, BLOCK_D, STREAM)
 
 
 @triton.jit
@@ -80,7 +91,7 @@ def _lse_to_wire_kernel(
     tl.store(dst_ptr + (h // HPR) * s_dr + b * s_db + (h % HPR) * s_dj, lse, mask=h_ok)
 
 
-def _mask_args(seq_lens, query_start_loc, like: torch.Tensor):
+def mask_args(seq_lens, query_start_loc, like: torch.Tensor):
     if seq_lens is None:
         # HAS_MASK=False: the pointers are never read, so pass a tensor we already have (a
         # fresh placeholder was a fill kernel per call: half the time of a decode-size pack)
@@ -89,19 +100,29 @@ def _mask_args(seq_lens, query_start_loc, like: torch.Tensor):
     return seq_lens, query_start_loc, n, search_steps(n), True
 
 
+def lanes_of(out: torch.Tensor, lse_lanes: int):
+    """How the kernels move ``out``'s bits: (source view, lanes per head, LSE lanes, paired).
+
+    Paired: a 16-bit output with even D and word-aligned strides moves as 32-bit words (two
+    lanes per access) and its fp32 LSE is exactly one word; the wire buffer is then viewed as
+    int32 too. Otherwise one lane per element, in the integer type of the element's width."""
+    D = out.shape[-1]
+    if lse_lanes == 2 and D % 2 == 0:
+        words = as_words(out)
+        if words is not None:
+            return words, D // 2, 1, True
+    return bits(out), D, lse_lanes, False
+
+
 def pack(out, lse, send, h_per_rank, seq_lens=None, query_start_loc=None) -> None:
     """Write ``send[N, B, H/N, D+P]`` (contiguous, out's dtype) from ``out[B, H, D]`` and
     ``lse[B, H]``; rows that ``seq_lens``/``query_start_loc`` mark empty go out with LSE -inf."""
     B, H, D = out.shape
     if B == 0 or H == 0:
         return
-    sl, qsl, num_seqs, steps, has_mask = _mask_args(seq_lens, query_start_loc, out)
-    src, dst, lanes, lanes_p = bits(out), bits(send), D, send.shape[-1] - D
-    if lanes_p == 2 and D % 2 == 0:
-        words = as_words(out)
-        if words is not None:
-            # two 16-bit lanes per 32-bit access; the fp32 LSE is then exactly one word
-            src, dst, lanes, lanes_p = words, send.view(torch.int32), D // 2, 1
+    sl, qsl, num_seqs, steps, has_mask = mask_args(seq_lens, query_start_loc, out)
+    src, lanes, lanes_p, paired = lanes_of(out, send.shape[-1] - D)
+    dst = send.view(torch.int32) if paired else bits(send)
     cfg = pack_launch(B, H, lanes)
     _pack_kernel[(B, triton.cdiv(H, cfg.block_h))](
         src, lse, dst, sl, qsl,
@@ -123,7 +144,7 @@ def lse_to_wire(lse, dst, world_size, seq_lens=None, query_start_loc=None) -> No
         s_dr, s_db, s_dj = hpr * dst.stride(1), dst.stride(0), dst.stride(1)
     else:
         s_dr, s_db, s_dj = dst.stride(0), dst.stride(1), dst.stride(2)
-    sl, qsl, num_seqs, steps, has_mask = _mask_args(seq_lens, query_start_loc, lse)
+    sl, qsl, num_seqs, steps, has_mask = mask_args(seq_lens, query_start_loc, lse)
     block_h = min(next_pow2(H), 1024)
     _lse_to_wire_kernel[(B, triton.cdiv(H, block_h))](
         lse, dst, sl, qsl, H, hpr, num_seqs, steps,

@@ -1,7 +1,8 @@
 """Accuracy job: every backend of ``lse_reduce`` on a real process group against the float64
 oracle, one row per (backend, dtype, shape, LSE base).
 
-    torchrun --nproc-per-node N -m dcp_a2a.testing.accuracy [--backend packed|two_collective|ag_rs|all]
+    torchrun --nproc-per-node N -m dcp_a2a.testing.accuracy
+        [--backend packed|two_collective|ag_rs|symm_mem|all]
         [--dtype float16,bfloat16,float32] [--shapes BxHxD[:dtype],...] [--base e|2|both]
         [--out report.json] [--dist-backend auto|gloo|nccl] [--device auto|cpu|cuda]
 
@@ -16,11 +17,13 @@ Each rank compares its merged slice with ``dcp_a2a.testing.compare.check_merge``
 tolerances.yaml); rank 0 gathers the per-rank reports, prints a table and writes JSON.
 
 Per row: max |err| and max error in ulps of the output dtype, worst error / tolerance, the
-returned LSE's max |err| and error / tolerance, whether packed and two_collective produced
-bitwise identical outputs and LSEs, and the wall time of one ``lse_reduce`` call (median over
+returned LSE's max |err| and error / tolerance, whether two_collective and symm_mem produced
+outputs and LSEs bitwise identical to packed's, and the wall time of one ``lse_reduce`` call (median over
 ``--iters`` after ``--warmup``, slowest rank). ag_rs is judged against its own bound (its
 reduce-scatter sums in the output dtype) and also reported against the A2A bound.
-Exit status 1 when any row exceeds its tolerance or packed and two_collective differ.
+symm_mem (direct stores over symmetric memory) runs on NCCL groups of CUDA ranks; ``all``
+leaves it out elsewhere and the report's meta says why.
+Exit status 1 when any row exceeds its tolerance or a backend differs bitwise from packed.
 """
 
 from __future__ import annotations
@@ -42,7 +45,8 @@ from .. import _env  # noqa: F401  (TRITON_INTERPRET before any kernel is define
 from . import tolerances as tol
 from .data import heads_of
 
-BACKENDS = ("packed", "two_collective", "ag_rs")
+BACKENDS = ("packed", "two_collective", "ag_rs", "symm_mem")
+BITWISE_EQUAL_TO_PACKED = ("two_collective", "symm_mem")  # same combine arithmetic
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 # Decode shapes of the upstream change (B in {1, 16, 128}, H = 128, D = 512) and its
 # microbenchmark shape (B = 8192, H = 64, D = 512, bfloat16).
@@ -115,12 +119,13 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=f"Default shapes: on GPUs {GPU_SHAPES}; on CPU, where Triton runs through its "
                f"much slower interpreter, a smaller sweep {CPU_SHAPES}. Shapes whose H is not "
                "divisible by the world size are skipped from the default sweep (an explicit one "
-               "is an error). Exit status 1 when any case exceeds its tolerance or packed and "
-               "two_collective differ bitwise.",
+               "is an error). Exit status 1 when any case exceeds its tolerance or "
+               "two_collective or symm_mem differs bitwise from packed.",
     )
     p.add_argument("--backend", default="all",
                    type=lambda v: _csv_choice(v, BACKENDS),
-                   help="packed, two_collective, ag_rs, a comma list, or all (default)")
+                   help="packed, two_collective, ag_rs, symm_mem, a comma list, or all "
+                        "(default: all that the group can run; symm_mem needs NCCL and CUDA)")
     p.add_argument("--dtype", default="all", type=lambda v: _csv_choice(v, tuple(DTYPES)),
                    help="float16, bfloat16, float32, a comma list, or all (default)")
     p.add_argument("--shapes", default=None,
@@ -219,6 +224,15 @@ def _bits(t):
 
 
 # --------------------------------------------------------------------------- the job
+def _symm_buffers(group, shape: "Shape", dtype, device):
+    """Symmetric-memory buffers sized for this case (a collective: every rank makes them at the
+    same case)."""
+    from ..symm_mem import SymmMemBuffers
+
+    return SymmMemBuffers(group, max_tokens=shape.b, num_heads=shape.h, head_dim=shape.d,
+                          dtype=dtype, device=device)
+
+
 def _sync(device):
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -242,8 +256,15 @@ def run(args: argparse.Namespace, pg=None, device=None) -> dict | None:
     if not project and list(args.backend) != list(BACKENDS):
         raise ValueError(f"--backend needs the project's implementation; {impl.spec} only has "
                          "its default path")
-    backends = list(args.backend) if project else ["default"]
     gpu = device.type == "cuda"
+    not_run = {}
+    if "symm_mem" in args.backend and not (gpu and dist.get_backend(pg) == "nccl"):
+        why = (f"symm_mem needs an NCCL group of CUDA ranks; this is {dist.get_backend(pg)} on "
+               f"{device.type}")
+        if list(args.backend) != list(BACKENDS):  # asked for by name
+            raise ValueError(why)
+        not_run["symm_mem"] = why
+    backends = [b for b in args.backend if b not in not_run] if project else ["default"]
     shapes, skipped = resolve_shapes(args.shapes, world, gpu)
     bases = {"e": [True], "2": [False], "both": [True, False]}[args.base]
     warmup = args.warmup if args.warmup is not None else (3 if gpu else 0)
@@ -275,6 +296,8 @@ def run(args: argparse.Namespace, pg=None, device=None) -> dict | None:
             kw = dict(return_lse=True, is_lse_base_on_e=base_e)
             if be != "default":
                 kw["backend"] = be
+            if be == "symm_mem":
+                kw["buffers"] = _symm_buffers(group, shape, dtype, device)
             for _ in range(warmup):
                 impl.lse_reduce(mine[0], mine[1], group, **kw)
             times = []
@@ -298,13 +321,14 @@ def run(args: argparse.Namespace, pg=None, device=None) -> dict | None:
                         "worst_ratio"]
             results[be] = (out, lse)
             rows.append(row)
-        if "packed" in results and "two_collective" in results:
-            (po, pl), (to, tl) = results["packed"], results["two_collective"]
-            same = bool(torch.equal(_bits(po), _bits(to))
-                        and torch.equal(_bits(pl), _bits(tl)))
-            for row in rows[-len(backends):]:
-                if row["backend"] in ("packed", "two_collective"):
-                    row["bitwise_packed_eq_two_collective"] = same
+        if "packed" in results:
+            po, pl = results["packed"]
+            case_rows = {row["backend"]: row for row in rows[-len(backends):]}
+            for be in BITWISE_EQUAL_TO_PACKED:
+                if be in results:
+                    o, s = results[be]
+                    case_rows[be]["bitwise_eq_packed"] = bool(
+                        torch.equal(_bits(po), _bits(o)) and torch.equal(_bits(pl), _bits(s)))
         del outs_slice, lses_slice, mine, results
 
     gathered = [None] * world
@@ -324,12 +348,11 @@ def run(args: argparse.Namespace, pg=None, device=None) -> dict | None:
         m["seconds"] = max(pr["seconds"] for pr in per_rank)
         if "ratio_vs_a2a_bound" in row:
             m["ratio_vs_a2a_bound"] = max(pr["ratio_vs_a2a_bound"] for pr in per_rank)
-        if "bitwise_packed_eq_two_collective" in row:
-            m["bitwise_packed_eq_two_collective"] = all(
-                pr["bitwise_packed_eq_two_collective"] for pr in per_rank)
+        if "bitwise_eq_packed" in row:
+            m["bitwise_eq_packed"] = all(pr["bitwise_eq_packed"] for pr in per_rank)
         m["ok"] = (m["output"]["failures"] == 0
                    and (m["lse"] is None or m["lse"]["failures"] == 0)
-                   and m.get("bitwise_packed_eq_two_collective", True))
+                   and m.get("bitwise_eq_packed", True))
         merged.append(m)
     return {
         "meta": {
@@ -346,6 +369,7 @@ def run(args: argparse.Namespace, pg=None, device=None) -> dict | None:
             "iters": iters,
             "shapes": [str(s) + (f":{s.dtype}" if s.dtype else "") for s in shapes],
             "skipped_shapes": skipped,
+            "backends_not_run": not_run,
             "tolerances": str(tol.tolerances_path()),
         },
         "cases": merged,
@@ -375,7 +399,7 @@ def format_table(report: dict) -> str:
     lines = [head, cols, "-" * len(cols)]
     for c in report["cases"]:
         o, s = c["output"], c["lse"] or {}
-        bw = c.get("bitwise_packed_eq_two_collective")
+        bw = c.get("bitwise_eq_packed")
         extra = (f"  (vs A2A tol {c['ratio_vs_a2a_bound']:.3g})"
                  if "ratio_vs_a2a_bound" in c else "")
         lines.append(
@@ -384,6 +408,8 @@ def format_table(report: dict) -> str:
             f"{s.get('max_abs_err', float('nan')):>9.2e} {s.get('worst_ratio', float('nan')):>7.3f} "
             f"{'-' if bw is None else ('yes' if bw else 'NO'):>7} {c['seconds'] * 1e3:>9.3f}  "
             f"{'ok' if c['ok'] else 'FAIL'}{extra}")
+    for be, why in meta.get("backends_not_run", {}).items():
+        lines.append(f"not run: {be} ({why})")
     if meta["skipped_shapes"]:
         lines.append(f"skipped (H not divisible by {meta['world_size']}): "
                      f"{', '.join(meta['skipped_shapes'])}")
@@ -394,8 +420,8 @@ def format_table(report: dict) -> str:
 
 LEGEND = ("columns: max|err| and ulp = the largest output error (absolute, and in ulps of the "
           "output dtype); err/tol = the worst error over its bound (tolerances.yaml; a row "
-          "passes at <= 1); lse err, lse/tol = the same for the returned LSE; bitwise = packed "
-          "and two_collective gave identical bits; ms = one lse_reduce call, median, slowest "
+          "passes at <= 1); lse err, lse/tol = the same for the returned LSE; bitwise = the "
+          "row's output and LSE have the same bits as packed's (two_collective, symm_mem); ms = one lse_reduce call, median, slowest "
           "rank. ag_rs sums in the output dtype, so it is judged against its own, wider bound; "
           "'(vs A2A tol r)' says how far it lands against the A2A paths' bound.")
 

@@ -12,10 +12,11 @@ Small shapes are timed as CUDA-graph replays of many back-to-back calls; large o
 (dcp_a2a.kernels.tuning) for pack and unpack-combine.
 
 ``--collective`` (under torchrun, one rank per GPU, NCCL) times the real exchange end to end:
-``lse_reduce`` with each backend (packed, two_collective, ag_rs), median over iterations, as
-CUDA-graph replays where the path captures (NCCL collectives do) and with events otherwise;
-rank 0 prints the table and the two_collective/packed and ag_rs/packed ratios. Without CUDA it
-runs on gloo with CPU tensors (a smoke test of the code path; the times mean nothing).
+``lse_reduce`` with each backend (packed, two_collective, ag_rs, and symm_mem on NCCL groups of
+CUDA ranks), median over iterations, as CUDA-graph replays where the path captures (NCCL
+collectives and symm_mem do) and with events otherwise; rank 0 prints the table, each backend's
+time over packed's and packed's over symm_mem's (its speed-up). Without CUDA it runs on gloo
+with CPU tensors (a smoke test of the code path; the times mean nothing).
 """
 
 from __future__ import annotations
@@ -348,6 +349,7 @@ def collective_main(args) -> int:
     import torch.distributed as dist
 
     from ..collective import BACKENDS, Group, lse_reduce
+    from ..symm_mem import SymmMemBuffers
 
     from .rankpool import auto_backend, rank_device
 
@@ -359,6 +361,8 @@ def collective_main(args) -> int:
     dist.init_process_group(backend)
     rank, world = dist.get_rank(), dist.get_world_size()
     group = Group.from_process_group()
+    # symm_mem stores into peers' GPU memory: NCCL groups of CUDA ranks only
+    backends = [be for be in BACKENDS if be != "symm_mem" or (cuda and backend == "nccl")]
     shapes = ([tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
               if args.shapes else COLLECTIVE_SHAPES)
     d = args.head_dim
@@ -370,28 +374,39 @@ def collective_main(args) -> int:
         out = torch.randn((b, h, d), generator=g).to(torch.bfloat16).to(device)
         lse = (torch.randn((b, h), generator=g) * 4).to(device)
         res = {}
-        for backend in BACKENDS:
-            us, method = _time_collective(
-                lambda: lse_reduce(out, lse, group, backend=backend), device, args.iters)
+        for backend in backends:
+            kw = {"backend": backend}
+            if backend == "symm_mem":
+                kw["buffers"] = SymmMemBuffers(group, max_tokens=b, num_heads=h, head_dim=d,
+                                               dtype=out.dtype, device=device)
+            us, method = _time_collective(lambda: lse_reduce(out, lse, group, **kw), device,
+                                          args.iters)
             res[backend] = (us, method)
-        rows.append({"B": b, "H": h, "D": d, "N": world,
-                     **{f"{k}_us": v[0] for k, v in res.items()},
-                     **{f"{k}_timing": v[1] for k, v in res.items()},
-                     "two_collective_over_packed": res["two_collective"][0] / res["packed"][0],
-                     "ag_rs_over_packed": res["ag_rs"][0] / res["packed"][0]})
+        row = {"B": b, "H": h, "D": d, "N": world,
+               **{f"{k}_us": v[0] for k, v in res.items()},
+               **{f"{k}_timing": v[1] for k, v in res.items()},
+               **{f"{k}_over_packed": res[k][0] / res["packed"][0]
+                  for k in backends if k != "packed"}}
+        if "symm_mem" in res:
+            row["symm_mem_speedup"] = res["packed"][0] / res["symm_mem"][0]
+        rows.append(row)
     if rank == 0:
         import json
 
         with open(args.out, "w") as f:
-            json.dump({"world_size": world, "device": str(device),
+            json.dump({"world_size": world, "device": str(device), "backends": backends,
                        "nccl": ".".join(map(str, torch.cuda.nccl.version())) if cuda else None,
                        "rows": rows}, f, indent=1)
-        print(f"{'B':>6} {'H':>4} {'packed us':>10} {'two_coll us':>12} {'ag_rs us':>10} "
-              f"{'2coll/packed':>12} {'ag_rs/packed':>12} timing")
+        others = [be for be in backends if be != "packed"]
+        print(f"{'B':>6} {'H':>4} " + " ".join(f"{be + ' us':>16}" for be in backends)
+              + " " + " ".join(f"{be + '/packed':>20}" for be in others)
+              + (f" {'symm speed-up':>13}" if "symm_mem" in backends else "") + " timing")
         for r in rows:
-            print(f"{r['B']:6d} {r['H']:4d} {r['packed_us']:10.1f} {r['two_collective_us']:12.1f} "
-                  f"{r['ag_rs_us']:10.1f} {r['two_collective_over_packed']:12.2f} "
-                  f"{r['ag_rs_over_packed']:12.2f} {r['packed_timing']}")
+            print(f"{r['B']:6d} {r['H']:4d} "
+                  + " ".join(f"{r[be + '_us']:16.1f}" for be in backends) + " "
+                  + " ".join(f"{r[be + '_over_packed']:20.2f}" for be in others)
+                  + (f" {r['symm_mem_speedup']:12.2f}x" if "symm_mem" in backends else "")
+                  + f" {r['packed_timing']}")
     dist.destroy_process_group()
     return 0
 

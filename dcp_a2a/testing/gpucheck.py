@@ -98,9 +98,11 @@ def accuracy_step(out: Path, gpus: int, env: dict) -> Step:
     try:
         rep = json.loads(report.read_text())
         failed = sum(not c["ok"] for c in rep["cases"])
-        bitwise = all(c.get("bitwise_packed_eq_two_collective", True) for c in rep["cases"])
-        step.detail = (f"{len(rep['cases'])} cases, {failed} failed; packed == two_collective "
-                       f"bitwise: {'yes' if bitwise else 'NO'}")
+        bitwise = all(c.get("bitwise_eq_packed", True) for c in rep["cases"])
+        compared = sorted({c["backend"] for c in rep["cases"] if "bitwise_eq_packed" in c})
+        step.detail = (f"{len(rep['cases'])} cases, {failed} failed; "
+                       f"{', '.join(compared) or 'nothing'} == packed bitwise: "
+                       f"{'yes' if bitwise else 'NO'}")
     except (OSError, ValueError, KeyError):
         step.detail = f"exit status {code}: {_tail(log)}"
     return step

@@ -78,6 +78,8 @@ def reduce_cases(ctx, n: int, cases: list, inputs: list) -> list:
                       query_start_loc=case["query_start_loc"].to(ctx.device))
         if case.get("backend") is not None:
             kw["backend"] = case["backend"]
+        if case.get("backend") == "symm_mem":  # a collective: every rank, the same case
+            kw["buffers"] = _symm_buffers(group, out)
         out_before, lse_before = out.clone(), lse.clone()
         res = impl.lse_reduce(out, lse, group, **kw)
         if case["return_lse"]:
@@ -96,6 +98,72 @@ def reduce_cases(ctx, n: int, cases: list, inputs: list) -> list:
             inputs_intact=_same_bits(out, out_before) and _same_bits(lse, lse_before),
         ))
     return results
+
+
+def _symm_buffers(group, out, max_tokens=None):
+    from dcp_a2a.symm_mem import SymmMemBuffers
+
+    B, H, D = out.shape
+    return SymmMemBuffers(group, max_tokens=max_tokens or max(B, 1), num_heads=H, head_dim=D,
+                          dtype=out.dtype, device=out.device)
+
+
+def symm_back_to_back(ctx, n: int, out, lse, iters: int, seed: int, graph: bool) -> dict:
+    """``iters`` symm_mem calls in a row, each after a random delay of this rank's (a spin
+    kernel of up to ~50 us, different per rank and call), so a fast rank runs ahead of a slow
+    one; call i's inputs are ``out * (i + 1)`` and its LSE ``lse + i``: a slice delivered from
+    the wrong call (a reused slot overwritten early, a stale one read) shows in the bits.
+
+    ``graph``: capture one call (delay included) in a CUDA graph and replay it ``iters`` times
+    on the same inputs, each replay checked. Returns counts of calls whose output and LSE
+    bits differ from the packed backend's on the same inputs."""
+    import dcp_a2a
+
+    group = ctx.group(n)
+    out, lse = out.to(ctx.device), lse.to(ctx.device)
+    bufs = _symm_buffers(group, out)
+    gen = torch.Generator().manual_seed(seed * 1000 + ctx.rank)
+    cycles = torch.randint(0, 100_000, (iters,), generator=gen).tolist()  # ~0-50 us at ~2 GHz
+    if graph:
+        x_out, x_lse = out.clone(), lse.clone()
+        want = dcp_a2a.lse_reduce(x_out, x_lse, group, return_lse=True)
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            torch.cuda._sleep(int(cycles[0]))
+            got = dcp_a2a.lse_reduce(x_out, x_lse, group, return_lse=True, backend="symm_mem",
+                                     buffers=bufs)
+        wrong = 0
+        for i in range(iters):
+            if i % 2 == ctx.rank % 2:  # ranks alternate who is late, beyond the captured delay
+                torch.cuda._sleep(int(cycles[i]))
+            g.replay()
+            wrong += not (_same_bits(got[0], want[0]) and _same_bits(got[1], want[1]))
+        torch.cuda.synchronize()
+        return dict(calls=iters, wrong=wrong)
+    wants, gots = [], []
+    for i in range(iters):
+        x_out, x_lse = out * (i + 1), lse + i
+        torch.cuda._sleep(int(cycles[i]))
+        gots.append(dcp_a2a.lse_reduce(x_out, x_lse, group, return_lse=True,
+                                       backend="symm_mem", buffers=bufs))
+        if i % 50 == 49 or i == iters - 1:  # the references, in batches: keep ranks racing
+            for j in range(len(wants), i + 1):
+                wants.append(dcp_a2a.lse_reduce(out * (j + 1), lse + j, group, return_lse=True))
+    torch.cuda.synchronize()
+    wrong = sum(not (_same_bits(g[0], w[0]) and _same_bits(g[1], w[1]))
+                for g, w in zip(gots, wants))
+    return dict(calls=iters, wrong=wrong)
+
+
+def symm_refusal(ctx, n: int) -> str:
+    """What making symm_mem buffers on this pool's group says (gloo/CPU groups must refuse)."""
+    out = torch.zeros(1, 2 * n, 4, dtype=torch.bfloat16, device=ctx.device)
+    try:
+        _symm_buffers(ctx.group(n), out)
+    except ValueError as e:
+        return f"ValueError: {e}"
+    return "accepted"
 
 
 def reduce_expect_error(ctx, n: int, out, lse, kwargs: dict):

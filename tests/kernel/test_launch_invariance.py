@@ -1,5 +1,5 @@
-"""Every launch configuration the table can pick gives the same bits, and packed and
-two_collective agree bit for bit under each of them.
+"""Every launch configuration the table can pick gives the same bits, and packed,
+two_collective and symm_mem agree bit for bit under each of them.
 
 The identity packed == two_collective is what the accuracy job checks across real ranks; on an
 H200 it once failed for float32 at B=1 because the compiler contracted ``acc + w * x`` into an
@@ -47,7 +47,7 @@ def _configs(heads, hpr, d, dtype):
 def _all_backends(outs, lses, base_e):
     return {be: lse_reduce_in_process(outs, lses, return_lse=True, is_lse_base_on_e=base_e,
                                       backend=be)
-            for be in ("packed", "two_collective", "ag_rs")}
+            for be in ("packed", "two_collective", "ag_rs", "symm_mem")}
 
 
 def _same(a, b) -> bool:
@@ -71,10 +71,10 @@ def test_every_launch_gives_the_same_bits(device, base_e):
             finally:
                 tuning.OVERRIDES.clear()
             where = f"{shape} {dt} N={n} base {'e' if base_e else 2} under {cfg}"
-            for r in range(n):
-                (po, pl), (to, tl_) = res["packed"][r], res["two_collective"][r]
+            for r, be in itertools.product(range(n), ("two_collective", "symm_mem")):
+                (po, pl), (to, tl_) = res["packed"][r], res[be][r]
                 assert _same(po, to) and _same(pl, tl_), (
-                    f"packed != two_collective on rank {r}: {where}; "
+                    f"packed != {be} on rank {r}: {where}; "
                     f"{int((bits_view(po) != bits_view(to)).sum())} output elements differ, "
                     f"max |diff| {float((po.float() - to.float()).abs().max()):.3e}")
             if first is None:

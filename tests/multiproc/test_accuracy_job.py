@@ -45,8 +45,8 @@ def _check_report(report, world, shapes, n_backends=3, dtypes=tuple(accuracy.DTY
         assert c["output"]["elements"] == c["b"] * c["h"] * c["d"], c
         assert c["lse"]["elements"] == c["b"] * c["h"], c
         assert c["seconds"] > 0
-        if c["backend"] in ("packed", "two_collective"):
-            assert c["bitwise_packed_eq_two_collective"] is True
+        if c["backend"] in accuracy.BITWISE_EQUAL_TO_PACKED:
+            assert c["bitwise_eq_packed"] is True
         if c["backend"] == "ag_rs":
             assert "ratio_vs_a2a_bound" in c
 
@@ -65,6 +65,9 @@ def test_torchrun_gloo(tmp_path, impl, nproc):
                   bases={"e": ("e",), "2": ("2",), "both": ("e", "2")}[args.base])
     assert report["meta"]["dist_backend"] == "gloo"
     assert report["meta"]["implementation"] == impl.spec
+    if impl.is_project:  # "all" leaves out what gloo cannot run, and says why
+        assert "needs an NCCL group" in report["meta"]["backends_not_run"]["symm_mem"]
+        assert "not run: symm_mem" in proc.stdout
     # rank 0 printed the table: one line per case, and the summary
     assert f"dcp_a2a accuracy: N={nproc} gloo" in proc.stdout
     assert f"{len(report['cases'])} cases, 0 failed" in proc.stdout
