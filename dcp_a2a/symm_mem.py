@@ -118,7 +118,7 @@ def _require_symmetric_memory(group, device) -> None:
                 f"backend='symm_mem' needs a group of CUDA ranks (an NCCL process group); "
                 f"this group's backend is {backend!r}: use backend='packed' with it")
         try:
-            import torch.distributed._symmetric_memory  # noqa: F401
+            from torch.distributed import _symmetric_memory  # noqa: F401
         except ImportError as e:  # pragma: no cover - torch builds without it
             raise ValueError(f"backend='symm_mem' needs torch symmetric memory: {e}") from e
 
