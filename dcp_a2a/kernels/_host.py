@@ -32,3 +32,9 @@ def next_pow2(n: int) -> int:
 def search_steps(num_seqs: int) -> int:
     """Steps of the binary search for a row's request over ``num_seqs`` requests."""
     return 0 if num_seqs <= 1 else math.ceil(math.log2(num_seqs))
+
+
+def needs_int64(*tensors: torch.Tensor) -> bool:
+    """Whether an element offset into any of these tensors' storage can reach 2^31 (the kernels
+    then index in int64; int32 otherwise)."""
+    return any(t.untyped_storage().nbytes() // t.element_size() >= 2**31 for t in tensors)

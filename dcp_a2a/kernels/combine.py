@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._host import as_words, bits, next_pow2
+from ._host import as_words, bits, needs_int64, next_pow2
 from .tuning import combine_launch, scale_launch
 from .merge_math import (
     NO_CONTRACTION,
@@ -72,6 +72,30 @@ def _load_lanes(data_ptr, data_bits_ptr, offs, mask, IS_BF16: tl.constexpr,
 
 
 @triton.jit
+def _combine_tile(data_ptr, data_bits_ptr, out_ptr, out_bits_ptr, scale, n, b, h, h_ok,
+                  out_row, d0, D, s_dn, s_db, s_dh, s_dd,
+                  N: tl.constexpr, IS_BF16: tl.constexpr, PAIRS: tl.constexpr,
+                  BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, STREAM: tl.constexpr):
+    """Lanes [d0, d0 + BLOCK_D) of the merged rows."""
+    d = d0 + tl.arange(0, BLOCK_D)
+    md = h_ok[:, None] & (d < D)[None, :]
+    acc = tl.zeros((BLOCK_H, BLOCK_D), dtype=tl.float32)
+    acc_hi = tl.zeros((BLOCK_H, BLOCK_D), dtype=tl.float32)  # PAIRS only
+    for r in tl.static_range(N):
+        sc = rank_row(scale, n, r)[:, None]
+        offs = r * s_dn + b * s_db + h[:, None] * s_dh + d[None, :] * s_dd
+        lo, hi = _load_lanes(data_ptr, data_bits_ptr, offs, md, IS_BF16, PAIRS, STREAM)
+        acc = add_weighted(acc, sc, lo)
+        if PAIRS:
+            acc_hi = add_weighted(acc_hi, sc, hi)
+    offs_out = out_row[:, None] + d[None, :]
+    if PAIRS:
+        tl.store(out_bits_ptr + offs_out, join_pair_from_f32(acc, acc_hi, IS_BF16), mask=md)
+    else:
+        store_from_f32(out_ptr, out_bits_ptr, offs_out, acc, md, IS_BF16)
+
+
+@triton.jit
 def combine_rows(
     data_ptr, data_bits_ptr, lse_ptr, out_ptr, out_bits_ptr, lse_out_ptr,
     B, HPR, D,
@@ -79,14 +103,20 @@ def combine_rows(
     N: tl.constexpr, LSE_LANES: tl.constexpr, BASE_E: tl.constexpr,
     RETURN_LSE: tl.constexpr, IS_BF16: tl.constexpr, PAIRS: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, STREAM: tl.constexpr,
+    ONE_TILE: tl.constexpr, WIDE: tl.constexpr,
 ):
     """out[b, h, :] = sum_r scale_r * data[r, b, h, :] for this program's token row and BLOCK_H
     heads.
 
     PAIRS: the data (and output) pointers are 32-bit words holding two 16-bit values, D and
-    the strides count words, and a packed LSE is the word at index D (LSE_LANES == 1)."""
-    b = tl.program_id(0).to(tl.int64)
-    h = tl.program_id(1).to(tl.int64) * BLOCK_H + tl.arange(0, BLOCK_H)
+    the strides count words, and a packed LSE is the word at index D (LSE_LANES == 1).
+    ONE_TILE: the head fits one BLOCK_D tile (no loop over it); WIDE: index in int64 (some
+    offset may pass 2^31), else int32."""
+    b = tl.program_id(0)
+    h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    if WIDE:
+        b = b.to(tl.int64)
+        h = h.to(tl.int64)
     n = tl.arange(0, BLOCK_N)
     h_ok = h < HPR
     m = (n < N)[:, None] & h_ok[None, :]
@@ -99,23 +129,15 @@ def combine_rows(
     # merge_weights uses. (One [BLOCK_N, BLOCK_H, BLOCK_D] tile was tried: slower at every
     # shape; docs/perf.md.)
     out_row = (b * HPR + h) * D
-    for d0 in range(0, D, BLOCK_D):
-        d = d0 + tl.arange(0, BLOCK_D)
-        md = h_ok[:, None] & (d < D)[None, :]
-        acc = tl.zeros((BLOCK_H, BLOCK_D), dtype=tl.float32)
-        acc_hi = tl.zeros((BLOCK_H, BLOCK_D), dtype=tl.float32)  # PAIRS only
-        for r in tl.static_range(N):
-            sc = rank_row(scale, n, r)[:, None]
-            offs = r * s_dn + b * s_db + h[:, None] * s_dh + d[None, :] * s_dd
-            lo, hi = _load_lanes(data_ptr, data_bits_ptr, offs, md, IS_BF16, PAIRS, STREAM)
-            acc = add_weighted(acc, sc, lo)
-            if PAIRS:
-                acc_hi = add_weighted(acc_hi, sc, hi)
-        offs_out = out_row[:, None] + d[None, :]
-        if PAIRS:
-            tl.store(out_bits_ptr + offs_out, join_pair_from_f32(acc, acc_hi, IS_BF16), mask=md)
-        else:
-            store_from_f32(out_ptr, out_bits_ptr, offs_out, acc, md, IS_BF16)
+    if ONE_TILE:
+        _combine_tile(data_ptr, data_bits_ptr, out_ptr, out_bits_ptr, scale, n, b, h, h_ok,
+                      out_row, 0, D, s_dn, s_db, s_dh, s_dd,
+                      N, IS_BF16, PAIRS, BLOCK_H, BLOCK_D, STREAM)
+    else:
+        for d0 in range(0, D, BLOCK_D):
+            _combine_tile(data_ptr, data_bits_ptr, out_ptr, out_bits_ptr, scale, n, b, h, h_ok,
+                          out_row, d0, D, s_dn, s_db, s_dh, s_dd,
+                          N, IS_BF16, PAIRS, BLOCK_H, BLOCK_D, STREAM)
     if RETURN_LSE:
         tl.store(lse_out_ptr + b * HPR + h, g, mask=h_ok)
 
@@ -128,11 +150,12 @@ def _combine_kernel(
     N: tl.constexpr, LSE_LANES: tl.constexpr, BASE_E: tl.constexpr,
     RETURN_LSE: tl.constexpr, IS_BF16: tl.constexpr, PAIRS: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, STREAM: tl.constexpr,
+    ONE_TILE: tl.constexpr, WIDE: tl.constexpr,
 ):
     combine_rows(data_ptr, data_bits_ptr, lse_ptr, out_ptr, out_bits_ptr, lse_out_ptr,
                  B, HPR, D, s_dn, s_db, s_dh, s_dd, s_ln, s_lb, s_lh,
                  N, LSE_LANES, BASE_E, RETURN_LSE, IS_BF16, PAIRS,
-                 BLOCK_N, BLOCK_H, BLOCK_D, STREAM)
+                 BLOCK_N, BLOCK_H, BLOCK_D, STREAM, ONE_TILE, WIDE)
 
 
 @triton.jit
@@ -190,6 +213,8 @@ def combine_launch_args(data, data_bits, lse, N, B, hpr, D, lse_lanes, return_ls
     kw = dict(N=N, LSE_LANES=lse_lanes, BASE_E=is_lse_base_on_e, RETURN_LSE=return_lse,
               IS_BF16=data.dtype == torch.bfloat16, PAIRS=words is not None,
               BLOCK_N=next_pow2(N), BLOCK_H=cfg.block_h, BLOCK_D=cfg.block_d, STREAM=cfg.stream,
+              ONE_TILE=cfg.block_d >= lanes,
+              WIDE=needs_int64(src, out) or (lse is not None and needs_int64(lse)),
               num_warps=cfg.num_warps, **NO_CONTRACTION)
     return (B, triton.cdiv(hpr, cfg.block_h)), args, kw, out, lse_out
 

@@ -60,7 +60,7 @@ def _pack_to_peers_kernel(
     B, H, HPR, D, num_seqs, steps, rank, slot_lanes,
     s_ob, s_oh, s_od, s_lb, s_lh,
     N: tl.constexpr, P: tl.constexpr, HAS_MASK: tl.constexpr,
-    BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, STREAM: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, STREAM: tl.constexpr, ONE_TILE: tl.constexpr,
 ):
     """Step 1 of the module docstring. ``recv_bits_ptr`` (this rank's buffer) only gives the
     lane type of the peers' buffers; ``slot_lanes`` is one slot's size in those lanes."""
@@ -74,7 +74,7 @@ def _pack_to_peers_kernel(
     row = (e % 2) * slot_lanes + ((rank * B + b) * HPR + h % HPR) * (D + P)
     write_rows(out_bits_ptr, lse_ptr, base + row, seq_lens_ptr, qsl_ptr, b, h, h_ok,
                D, num_seqs, steps, s_ob, s_oh, s_od, s_lb, s_lh,
-               P, HAS_MASK, BLOCK_D, STREAM)
+               P, HAS_MASK, BLOCK_D, STREAM, ONE_TILE)
 
     # Arrive: every thread's stores are issued before the CTA barrier, and the release at
     # system scope that follows orders them before the arrival (and, through the last
@@ -98,7 +98,7 @@ def _combine_from_peers_kernel(
     N: tl.constexpr, LSE_LANES: tl.constexpr, BASE_E: tl.constexpr,
     RETURN_LSE: tl.constexpr, IS_BF16: tl.constexpr, PAIRS: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, STREAM: tl.constexpr,
-    ASM: tl.constexpr,
+    ONE_TILE: tl.constexpr, WIDE: tl.constexpr, ASM: tl.constexpr,
 ):
     """Step 2 of the module docstring: wait for the N slices of this call, merge its slot."""
     target = tl.load(epoch_ptr)
@@ -110,7 +110,7 @@ def _combine_from_peers_kernel(
     combine_rows(data_ptr + off, data_bits_ptr + off, lse_ptr, out_ptr, out_bits_ptr,
                  lse_out_ptr, B, HPR, D, s_dn, s_db, s_dh, s_dd, s_ln, s_lb, s_lh,
                  N, LSE_LANES, BASE_E, RETURN_LSE, IS_BF16, PAIRS,
-                 BLOCK_N, BLOCK_H, BLOCK_D, STREAM)
+                 BLOCK_N, BLOCK_H, BLOCK_D, STREAM, ONE_TILE, WIDE)
 
 
 def pack_to_peers(out, lse, tables, seq_lens=None, query_start_loc=None) -> None:
@@ -128,7 +128,8 @@ def pack_to_peers(out, lse, tables, seq_lens=None, query_start_loc=None) -> None
         recv.numel() // 2,
         src.stride(0), src.stride(1), src.stride(2), lse.stride(0), lse.stride(1),
         N=tables.world_size, P=lanes_p, HAS_MASK=has_mask, BLOCK_H=cfg.block_h,
-        BLOCK_D=cfg.block_d, STREAM=cfg.stream, num_warps=cfg.num_warps,
+        BLOCK_D=cfg.block_d, STREAM=cfg.stream, ONE_TILE=cfg.block_d >= lanes,
+        num_warps=cfg.num_warps,
     )
 
 

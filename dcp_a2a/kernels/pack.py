@@ -17,9 +17,23 @@ import torch
 import triton
 import triton.language as tl
 
-from ._host import as_words, bits, next_pow2, search_steps
+from ._host import as_words, bits, needs_int64, next_pow2, search_steps
 from .merge_math import row_is_empty
 from .tuning import pack_launch
+
+
+@triton.jit
+def _copy_tile(out_bits_ptr, dst_row, src_row, d0, D, h_ok, s_od,
+               BLOCK_D: tl.constexpr, STREAM: tl.constexpr):
+    d = d0 + tl.arange(0, BLOCK_D)
+    m = h_ok[:, None] & (d < D)[None, :]
+    if STREAM:
+        x = tl.load(out_bits_ptr + src_row[:, None] + d[None, :] * s_od, mask=m,
+                    eviction_policy="evict_first")
+        tl.store(dst_row[:, None] + d[None, :], x, mask=m, cache_modifier=".cs")
+    else:
+        x = tl.load(out_bits_ptr + src_row[:, None] + d[None, :] * s_od, mask=m)
+        tl.store(dst_row[:, None] + d[None, :], x, mask=m)
 
 
 @triton.jit
@@ -27,20 +41,17 @@ def write_rows(
     out_bits_ptr, lse_ptr, dst_row, seq_lens_ptr, qsl_ptr, b, h, h_ok,
     D, num_seqs, steps, s_ob, s_oh, s_od, s_lb, s_lh,
     P: tl.constexpr, HAS_MASK: tl.constexpr, BLOCK_D: tl.constexpr, STREAM: tl.constexpr,
+    ONE_TILE: tl.constexpr,
 ):
     """Write the wire rows of token ``b`` and heads ``h`` ([BLOCK_H]): ``dst_row[i]`` points at
-    the first lane of head h[i]'s row (D output lanes, then P LSE lanes)."""
+    the first lane of head h[i]'s row (D output lanes, then P LSE lanes). ``ONE_TILE``: the
+    head fits in one BLOCK_D tile (decode shapes), so no loop over it."""
     src_row = b * s_ob + h * s_oh
-    for d0 in range(0, D, BLOCK_D):
-        d = d0 + tl.arange(0, BLOCK_D)
-        m = h_ok[:, None] & (d < D)[None, :]
-        if STREAM:
-            x = tl.load(out_bits_ptr + src_row[:, None] + d[None, :] * s_od, mask=m,
-                        eviction_policy="evict_first")
-            tl.store(dst_row[:, None] + d[None, :], x, mask=m, cache_modifier=".cs")
-        else:
-            x = tl.load(out_bits_ptr + src_row[:, None] + d[None, :] * s_od, mask=m)
-            tl.store(dst_row[:, None] + d[None, :], x, mask=m)
+    if ONE_TILE:
+        _copy_tile(out_bits_ptr, dst_row, src_row, 0, D, h_ok, s_od, BLOCK_D, STREAM)
+    else:
+        for d0 in range(0, D, BLOCK_D):
+            _copy_tile(out_bits_ptr, dst_row, src_row, d0, D, h_ok, s_od, BLOCK_D, STREAM)
 
     lse = tl.load(lse_ptr + b * s_lb + h * s_lh, mask=h_ok).to(tl.float32)
     if HAS_MASK:
@@ -62,14 +73,20 @@ def _pack_kernel(
     s_ob, s_oh, s_od, s_lb, s_lh,
     P: tl.constexpr, HAS_MASK: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, STREAM: tl.constexpr,
+    ONE_TILE: tl.constexpr, WIDE: tl.constexpr,
 ):
-    b = tl.program_id(0).to(tl.int64)
-    h = tl.program_id(1).to(tl.int64) * BLOCK_H + tl.arange(0, BLOCK_H)
+    """``WIDE``: some offset may pass 2^31 elements, so index in int64 (else int32, fewer
+    instructions at decode sizes)."""
+    b = tl.program_id(0)
+    h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    if WIDE:
+        b = b.to(tl.int64)
+        h = h.to(tl.int64)
     peer = h // HPR
-    row = ((peer * B + b) * HPR + h % HPR) * (D + P)  # int64: the buffer may pass 2^31 elements
+    row = ((peer * B + b) * HPR + h % HPR) * (D + P)
     write_rows(out_bits_ptr, lse_ptr, send_bits_ptr + row, seq_lens_ptr, qsl_ptr, b, h, h < H,
                D, num_seqs, steps, s_ob, s_oh, s_od, s_lb, s_lh,
-               P, HAS_MASK, BLOCK_D, STREAM)
+               P, HAS_MASK, BLOCK_D, STREAM, ONE_TILE)
 
 
 @triton.jit
@@ -129,7 +146,8 @@ def pack(out, lse, send, h_per_rank, seq_lens=None, query_start_loc=None) -> Non
         B, H, h_per_rank, lanes, num_seqs, steps,
         src.stride(0), src.stride(1), src.stride(2), lse.stride(0), lse.stride(1),
         P=lanes_p, HAS_MASK=has_mask, BLOCK_H=cfg.block_h, BLOCK_D=cfg.block_d,
-        STREAM=cfg.stream, num_warps=cfg.num_warps,
+        STREAM=cfg.stream, ONE_TILE=cfg.block_d >= lanes, WIDE=needs_int64(src, lse, dst),
+        num_warps=cfg.num_warps,
     )
 
 
