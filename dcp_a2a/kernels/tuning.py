@@ -45,9 +45,10 @@ class Rule:
 _ANY = float("inf")
 # Lanes count 32-bit words on the paired path (16-bit dtypes, even D): D=512 bf16 is 256 lanes.
 TABLE: dict[str, tuple[Rule, ...]] = {
-    # decode: many small programs for latency; large batches: a whole (peer, token) slab per
-    # program (16 heads x 256 words at D=512 bf16)
-    "pack": (Rule(1024, 1024, 512, 2), Rule(_ANY, 1024, 4096, 8)),
+    # decode: one head per program, 2 warps, for latency (a 512-lane rule gave 16 heads a
+    # program at D=64: one program for B=1 H=16, 1.3x the straightforward design's time);
+    # large batches: a whole (peer, token) slab per program (16 heads x 256 words at D=512 bf16)
+    "pack": (Rule(1024, 1024, 1, 2), Rule(_ANY, 1024, 4096, 8)),
     # one head per program while that keeps the GPU busy (8 warps at the smallest sizes, 4 up to
     # 16k rows: as many programs as the straightforward design, which otherwise won at B 32-128);
     # large batches: 8 heads x 128 lanes per program
@@ -68,6 +69,15 @@ CANDIDATES: dict[str, dict[str, tuple[Rule, ...]]] = {
         "combine": (Rule(16384, 512, 1, 4), Rule(_ANY, 128, 1024, 8)),
         "scale": TABLE["scale"],
     },
+    # pack at decode sizes (docs/perf.md, 2026-12-01): 512 lanes a program, 2 warps (the table
+    # until then); one head a program with 4 warps; 512 lanes with 4 warps; one head a program
+    # also up to 16k rows
+    "pack_512_lanes": {**TABLE, "pack": (Rule(1024, 1024, 512, 2), Rule(_ANY, 1024, 4096, 8))},
+    "pack_head_4w": {**TABLE, "pack": (Rule(1024, 1024, 1, 4), Rule(_ANY, 1024, 4096, 8))},
+    "pack_512_lanes_4w": {**TABLE, "pack": (Rule(1024, 1024, 512, 4),
+                                            Rule(_ANY, 1024, 4096, 8))},
+    "pack_mid_head": {**TABLE, "pack": (Rule(1024, 1024, 1, 2), Rule(16384, 1024, 1, 4),
+                                        Rule(_ANY, 1024, 4096, 8))},
 }
 
 OVERRIDES: dict[str, Launch] = {}
