@@ -8,6 +8,8 @@ Public contract (names, signatures and keyword names are stable):
     lse_reduce(out, lse, group, *, return_lse=False, is_lse_base_on_e=True, seq_lens=None,
                query_start_loc=None, backend="packed")
     Group(world_size, rank_in_group, device_group); Group.from_process_group(pg)
+    SymmMemBuffers(group, *, max_tokens, num_heads, head_dim, dtype, device=None)
+        (the buffers of ``lse_reduce(..., backend="symm_mem", buffers=...)``)
 
 The product: this package, :mod:`dcp_a2a.kernels` (the Triton kernels and launch table),
 :mod:`dcp_a2a.wire` (the format and its checks), :mod:`dcp_a2a.buffers` (staging under CUDA
@@ -20,12 +22,14 @@ from . import _env  # noqa: F401  (must run before any Triton kernel is defined)
 from .buffers import StagingBuffers
 from .collective import BACKENDS, Group, lse_reduce, lse_reduce_steps
 from .ops import pack_send, unpack_combine
+from .symm_mem import SymmMemBuffers
 from .wire import lse_pack_dim
 
 __all__ = [
     "BACKENDS",
     "Group",
     "StagingBuffers",
+    "SymmMemBuffers",
     "lse_pack_dim",
     "lse_reduce",
     "lse_reduce_steps",
