@@ -106,7 +106,8 @@ def combine_rows(
     ONE_TILE: tl.constexpr, WIDE: tl.constexpr,
 ):
     """out[b, h, :] = sum_r scale_r * data[r, b, h, :] for this program's token row and BLOCK_H
-    heads.
+    heads: the combine kernel (launched on the grid (B, cdiv(H/N, BLOCK_H))), also called by
+    the symm_mem combine once its peers' slices are in.
 
     PAIRS: the data (and output) pointers are 32-bit words holding two 16-bit values, D and
     the strides count words, and a packed LSE is the word at index D (LSE_LANES == 1).
@@ -140,22 +141,6 @@ def combine_rows(
                           N, IS_BF16, PAIRS, BLOCK_H, BLOCK_D, STREAM)
     if RETURN_LSE:
         tl.store(lse_out_ptr + b * HPR + h, g, mask=h_ok)
-
-
-@triton.jit
-def _combine_kernel(
-    data_ptr, data_bits_ptr, lse_ptr, out_ptr, out_bits_ptr, lse_out_ptr,
-    B, HPR, D,
-    s_dn, s_db, s_dh, s_dd, s_ln, s_lb, s_lh,
-    N: tl.constexpr, LSE_LANES: tl.constexpr, BASE_E: tl.constexpr,
-    RETURN_LSE: tl.constexpr, IS_BF16: tl.constexpr, PAIRS: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, STREAM: tl.constexpr,
-    ONE_TILE: tl.constexpr, WIDE: tl.constexpr,
-):
-    combine_rows(data_ptr, data_bits_ptr, lse_ptr, out_ptr, out_bits_ptr, lse_out_ptr,
-                 B, HPR, D, s_dn, s_db, s_dh, s_dd, s_ln, s_lb, s_lh,
-                 N, LSE_LANES, BASE_E, RETURN_LSE, IS_BF16, PAIRS,
-                 BLOCK_N, BLOCK_H, BLOCK_D, STREAM, ONE_TILE, WIDE)
 
 
 @triton.jit
@@ -223,7 +208,7 @@ def _combine(data, data_bits, lse, N, B, hpr, D, lse_lanes, return_lse, is_lse_b
     grid, args, kw, out, lse_out = combine_launch_args(
         data, data_bits, lse, N, B, hpr, D, lse_lanes, return_lse, is_lse_base_on_e)
     if B and hpr:
-        _combine_kernel[grid](*args, **kw)
+        combine_rows[grid](*args, **kw)
     return (out, lse_out) if return_lse else out
 
 
