@@ -52,8 +52,9 @@ from typing import Any, Callable
 
 import torch
 
+from dcp_a2a import BACKENDS  # noqa: F401  (the backends a DCPSettings may name)
+
 ATTN_NAME = "dcp"
-BACKENDS = ("packed", "two_collective", "ag_rs")
 COMBINES = ("auto", "triton", "reference")
 _LOG2E = 1.4426950408889634
 
@@ -82,6 +83,10 @@ class DCPSettings:
     # called as recorder(layer_idx, outs, lses, seq_lens, merged) with the clean per-rank
     # partials [R, Hp, D] / [R, Hp], local KV lengths [R] and the merged [R, Hp, D]
     recorder: Callable | None = field(default=None, repr=False)
+    # with ``group`` and backend "symm_mem": the SymmMemBuffers per (heads, head dim, dtype),
+    # made on first use by every rank at the same layer call and remade larger when a batch
+    # has more rows (eager generation only: no CUDA graphs here)
+    symm_buffers: dict = field(default_factory=dict, repr=False)
 
     def __post_init__(self):
         if self.group is not None:
@@ -274,7 +279,9 @@ def _ref_ag_rs(outs, lses, seq_lens, qsl, base_e):
     return res
 
 
-_REFERENCE = {"packed": _ref_wire, "two_collective": _ref_wire, "ag_rs": _ref_ag_rs}
+# symm_mem moves the packed wire format and merges it with the packed combine
+_REFERENCE = {"packed": _ref_wire, "two_collective": _ref_wire, "ag_rs": _ref_ag_rs,
+              "symm_mem": _ref_wire}
 
 
 def combine_partials(outs, lses, seq_lens, query_start_loc, settings: DCPSettings):
@@ -294,14 +301,30 @@ def combine_partials(outs, lses, seq_lens, query_start_loc, settings: DCPSetting
     return torch.cat(res, dim=1)
 
 
+def _symm_buffers(settings: DCPSettings, out):
+    from dcp_a2a import SymmMemBuffers
+
+    R, H, D = out.shape
+    key = (H, D, out.dtype)
+    bufs = settings.symm_buffers.get(key)
+    if bufs is None or bufs.tables.max_tokens < R:  # every rank has the same R: collective
+        bufs = SymmMemBuffers(settings.group, max_tokens=max(R, 1), num_heads=H, head_dim=D,
+                              dtype=out.dtype, device=out.device)
+        settings.symm_buffers[key] = bufs
+    return bufs
+
+
 def _combine_distributed(out, lse, seq_lens, qsl, settings: DCPSettings):
     import torch.distributed as dist
 
     from dcp_a2a import lse_reduce
 
+    kw = {}
+    if settings.backend == "symm_mem":
+        kw["buffers"] = _symm_buffers(settings, out)
     mine = lse_reduce(out, lse, settings.group, return_lse=False,
                       is_lse_base_on_e=settings.base_e, seq_lens=seq_lens,
-                      query_start_loc=qsl, backend=settings.backend)
+                      query_start_loc=qsl, backend=settings.backend, **kw)
     n = settings.world_size
     R, hpr, D = mine.shape
     # rank-major along dim 0 (gloo checks each rank's chunk against the input's shape)

@@ -35,6 +35,7 @@ import os
 import time
 from pathlib import Path
 
+import dcp_a2a
 import dcp_a2a.evals  # noqa: F401  (dcp_a2a before transformers)
 
 from .inputs import HelpFormatter, MissingInput, fail, require_module
@@ -45,7 +46,7 @@ PROG = "python -m dcp_a2a.evals.gsm8k"
 FILTERS = ("strict-match", "flexible-extract")
 TASK = "gsm8k_local"
 TASKS_DIR = Path(__file__).resolve().parent / "tasks"
-BACKENDS = ("reference", "packed", "two_collective", "ag_rs")
+BACKENDS = ("reference",) + dcp_a2a.BACKENDS  # reference: unsharded SDPA
 
 
 def preflight(args) -> dict:

@@ -45,10 +45,10 @@ import torch
 from lm_eval.api.registry import register_model
 from lm_eval.models.huggingface import HFLM
 
-from .dcp_attention import DCPSettings, attach_dcp, detach_dcp
+from .dcp_attention import BACKENDS, DCPSettings, attach_dcp, detach_dcp
 from .model import load_model, parse_dtype, resolve_model
 
-DCP_BACKENDS = ("reference", "packed", "two_collective", "ag_rs")
+DCP_BACKENDS = ("reference",) + BACKENDS  # reference: unsharded SDPA
 
 
 @register_model("dcp-hf")
