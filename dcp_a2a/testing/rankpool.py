@@ -137,7 +137,7 @@ def _send(conn, obj) -> None:
 
 
 def _worker_main(rank, world_size, backend, device_type, store_addr, prefix, pg_timeout_s,
-                 subgroup_sizes, conn, stack_file, owner_pid, env, sys_path):
+                 startup_timeout_s, subgroup_sizes, conn, stack_file, owner_pid, env, sys_path):
     os.environ.update(env)
     # tasks live in the owner's modules (test files, scripts): resolve them the way it does
     sys.path[:0] = [p for p in sys_path if p not in sys.path]
@@ -153,16 +153,25 @@ def _worker_main(rank, world_size, backend, device_type, store_addr, prefix, pg_
         device = rank_device(backend, rank, device_type)
         if device.type == "cuda":
             torch.cuda.set_device(device)
+        # The rendezvous waits for every rank to start (8 ranks spawning CUDA contexts on a
+        # loaded machine took over 20 s on an H200 host), so it gets the startup timeout; the
+        # collectives then get pg_timeout, where torch can change it after creation.
         timeout = timedelta(seconds=pg_timeout_s)
+        set_timeout = getattr(dist.distributed_c10d, "_set_pg_timeout", None)
+        rendezvous = timedelta(seconds=startup_timeout_s) if set_timeout else timeout
         host, port = store_addr
-        store = dist.TCPStore(host, port, is_master=False, timeout=timeout)
+        store = dist.TCPStore(host, port, is_master=False, timeout=rendezvous)
         dist.init_process_group(backend, store=dist.PrefixStore(prefix, store), rank=rank,
-                                world_size=world_size, timeout=timeout)
+                                world_size=world_size, timeout=rendezvous)
         groups = {world_size: dist.group.WORLD}
         for n in sorted(set(subgroup_sizes)):
             if 1 <= n < world_size:
                 # every rank takes part in creating every group, member or not
-                groups[n] = dist.new_group(list(range(n)), timeout=timeout)
+                groups[n] = dist.new_group(list(range(n)), timeout=rendezvous)
+        if set_timeout:
+            for pg in groups.values():
+                if pg not in (None, dist.GroupMember.NON_GROUP_MEMBER):  # this rank's groups
+                    set_timeout(timeout, pg)
         ctx = RankContext(rank, world_size, backend, device, groups)
     except BaseException:
         _send(conn, ("error", traceback.format_exc()))
@@ -390,7 +399,8 @@ class RankPool:
                 target=_worker_main, name=f"dcp_a2a-rank{r}", daemon=True,
                 args=(r, self.world_size, self.backend, self.device,
                       ("127.0.0.1", self._store.port), prefix,
-                      self.pg_timeout, self.subgroup_sizes, child_end, self._stack_file(r),
+                      self.pg_timeout, self.startup_timeout, self.subgroup_sizes, child_end,
+                      self._stack_file(r),
                       os.getpid(), {**os.environ, **self.env}, list(sys.path)),
             )
             with (cpu_rank_environment() if self.device == "cpu"
