@@ -31,8 +31,9 @@ NO_CONTRACTION = {"enable_fp_fusion": False}
 
 @triton.jit
 def row_is_empty(b, seq_lens_ptr, qsl_ptr, num_seqs, search_steps):
-    """True when token row ``b`` has no local KV: its request's seq_len is 0, or the row is
-    padding (at or beyond query_start_loc[-1], or before query_start_loc[0]).
+    """True where token row ``b`` (a vector of token rows) has no local KV: its request's
+    seq_len is 0, or the row is padding (at or beyond query_start_loc[-1], or before
+    query_start_loc[0]).
 
     The request of row b is the last s with query_start_loc[s] <= b, found by a binary search of
     ``search_steps = ceil(log2(num_seqs))`` steps (requests with no query rows are skipped by it).
@@ -46,23 +47,23 @@ def row_is_empty(b, seq_lens_ptr, qsl_ptr, num_seqs, search_steps):
         go = tl.load(qsl_ptr + mid) <= b
         lo = tl.where(go, mid, lo)
         hi = tl.where(go, hi, mid - 1)
-    seq_len = tl.load(seq_lens_ptr + lo, mask=num_seqs > 0, other=0)
+    seq_len = tl.load(seq_lens_ptr + lo, mask=lo < num_seqs, other=0)  # none: num_seqs == 0
     return (b >= total) | (b < first) | (seq_len <= 0)
 
 
 @triton.jit
 def rank_row(tile, n, r):
-    """Row ``r`` of a [BLOCK_N, BLOCK_H] tile as a [BLOCK_H] vector: a sum of that row and zeros,
+    """Row ``r`` of a [BLOCK_N, BLOCK_R] tile as a [BLOCK_R] vector: a sum of that row and zeros,
     so exact whatever order the reduction takes."""
     return tl.sum(tl.where((n == r)[:, None], tile, 0.0), axis=0)
 
 
 @triton.jit
 def merge_weights(lse, n, BASE_E: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Normalised merge weights and merged LSE for a [BLOCK_N, BLOCK_H] fp32 tile of LSEs
+    """Normalised merge weights and merged LSE for a [BLOCK_N, BLOCK_R] fp32 tile of LSEs
     (``n = tl.arange(0, BLOCK_N)``; masked-out rows must be loaded as -inf).
 
-    Returns (scale[BLOCK_N, BLOCK_H], g[BLOCK_H]): scale_n = exp(s_n - m) / sum_k exp(s_k - m)
+    Returns (scale[BLOCK_N, BLOCK_R], g[BLOCK_R]): scale_n = exp(s_n - m) / sum_k exp(s_k - m)
     with m the row max (the global-max formulation), exactly 0 where the weight underflows or
     s_n is -inf/NaN/+inf. Every rounding happens in a fixed order: the max is exact in any
     order, and the sum runs over ranks 0, 1, ..., N-1 one addition at a time, so the result

@@ -1,6 +1,8 @@
 """Pack kernel: attention partial + LSE -> the wire buffer ``send[N, B, H/N, D+P]``.
 
-One program per (token row b, block of BLOCK_H heads). The output lanes are moved as raw bits
+One program per BLOCK_R rows, a row being one (token b, head h) pair in the order of ``out``'s
+first two dims (row t = b * H + h): the decode tables give each head its own program, and the
+interpreter's tables give a program many tokens. The output lanes are moved as raw bits
 (an int16/int32 view), so the copy is exact for every value, NaN payloads included; the LSE is
 converted to float32 and its bits written into the P trailing lanes. Empty-shard masking (rows of
 requests with no local KV, and padding rows) is fused here: their LSE goes out as -inf.
@@ -23,10 +25,10 @@ from .tuning import pack_launch
 
 
 @triton.jit
-def _copy_tile(out_bits_ptr, dst_row, src_row, d0, D, h_ok, s_od,
+def _copy_tile(out_bits_ptr, dst_row, src_row, d0, D, row_ok, s_od,
                BLOCK_D: tl.constexpr, STREAM: tl.constexpr):
     d = d0 + tl.arange(0, BLOCK_D)
-    m = h_ok[:, None] & (d < D)[None, :]
+    m = row_ok[:, None] & (d < D)[None, :]
     if STREAM:
         x = tl.load(out_bits_ptr + src_row[:, None] + d[None, :] * s_od, mask=m,
                     eviction_policy="evict_first")
@@ -38,74 +40,76 @@ def _copy_tile(out_bits_ptr, dst_row, src_row, d0, D, h_ok, s_od,
 
 @triton.jit
 def write_rows(
-    out_bits_ptr, lse_ptr, dst_row, seq_lens_ptr, qsl_ptr, b, h, h_ok,
+    out_bits_ptr, lse_ptr, dst_row, seq_lens_ptr, qsl_ptr, b, h, row_ok,
     D, num_seqs, steps, s_ob, s_oh, s_od, s_lb, s_lh,
     P: tl.constexpr, HAS_MASK: tl.constexpr, BLOCK_D: tl.constexpr, STREAM: tl.constexpr,
     ONE_TILE: tl.constexpr,
 ):
-    """Write the wire rows of token ``b`` and heads ``h`` ([BLOCK_H]): ``dst_row[i]`` points at
-    the first lane of head h[i]'s row (D output lanes, then P LSE lanes). ``ONE_TILE``: the
-    head fits in one BLOCK_D tile (decode shapes), so no loop over it."""
+    """Write the wire rows of tokens ``b`` and heads ``h`` ([BLOCK_R] each; rows where
+    ``row_ok`` is false are skipped): ``dst_row[i]`` points at the first lane of row i on the
+    wire (D output lanes, then P LSE lanes). ``ONE_TILE``: the head fits in one BLOCK_D tile
+    (decode shapes), so no loop over it."""
     src_row = b * s_ob + h * s_oh
     if ONE_TILE:
-        _copy_tile(out_bits_ptr, dst_row, src_row, 0, D, h_ok, s_od, BLOCK_D, STREAM)
+        _copy_tile(out_bits_ptr, dst_row, src_row, 0, D, row_ok, s_od, BLOCK_D, STREAM)
     else:
         for d0 in range(0, D, BLOCK_D):
-            _copy_tile(out_bits_ptr, dst_row, src_row, d0, D, h_ok, s_od, BLOCK_D, STREAM)
+            _copy_tile(out_bits_ptr, dst_row, src_row, d0, D, row_ok, s_od, BLOCK_D, STREAM)
 
-    lse = tl.load(lse_ptr + b * s_lb + h * s_lh, mask=h_ok).to(tl.float32)
+    lse = tl.load(lse_ptr + b * s_lb + h * s_lh, mask=row_ok).to(tl.float32)
     if HAS_MASK:
         empty = row_is_empty(b, seq_lens_ptr, qsl_ptr, num_seqs, steps)
         lse = tl.where(empty, float("-inf"), lse)
     lse_bits = lse.to(tl.int32, bitcast=True)
     if P == 1:
-        tl.store(dst_row + D, lse_bits, mask=h_ok)
+        tl.store(dst_row + D, lse_bits, mask=row_ok)
     else:
         # little-endian halves: the 4 bytes of the float32 in memory order
-        tl.store(dst_row + D, (lse_bits & 0xFFFF).to(tl.int16), mask=h_ok)
-        tl.store(dst_row + D + 1, (lse_bits >> 16).to(tl.int16), mask=h_ok)
+        tl.store(dst_row + D, (lse_bits & 0xFFFF).to(tl.int16), mask=row_ok)
+        tl.store(dst_row + D + 1, (lse_bits >> 16).to(tl.int16), mask=row_ok)
 
 
 @triton.jit
 def _pack_kernel(
     out_bits_ptr, lse_ptr, send_bits_ptr, seq_lens_ptr, qsl_ptr,
-    B, H, HPR, D, num_seqs, steps,
+    B, H, HPR, D, num_seqs, steps, rows,
     s_ob, s_oh, s_od, s_lb, s_lh,
     P: tl.constexpr, HAS_MASK: tl.constexpr,
-    BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, STREAM: tl.constexpr,
+    BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, STREAM: tl.constexpr,
     ONE_TILE: tl.constexpr, WIDE: tl.constexpr,
 ):
-    """``WIDE``: some offset may pass 2^31 elements, so index in int64 (else int32, fewer
-    instructions at decode sizes)."""
-    b = tl.program_id(0)
-    h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    """Rows t = b * H + h of this program (``rows`` = B * H) to their wire rows
+    send[h // HPR, b, h % HPR, :]. ``WIDE``: some offset may pass 2^31 elements, so index in
+    int64 (else int32, fewer instructions at decode sizes)."""
+    t = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     if WIDE:
-        b = b.to(tl.int64)
-        h = h.to(tl.int64)
-    peer = h // HPR
-    row = ((peer * B + b) * HPR + h % HPR) * (D + P)
-    write_rows(out_bits_ptr, lse_ptr, send_bits_ptr + row, seq_lens_ptr, qsl_ptr, b, h, h < H,
-               D, num_seqs, steps, s_ob, s_oh, s_od, s_lb, s_lh,
+        t = t.to(tl.int64)
+    b = t // H
+    h = t % H
+    row = (((h // HPR) * B + b) * HPR + h % HPR) * (D + P)
+    write_rows(out_bits_ptr, lse_ptr, send_bits_ptr + row, seq_lens_ptr, qsl_ptr, b, h,
+               t < rows, D, num_seqs, steps, s_ob, s_oh, s_od, s_lb, s_lh,
                P, HAS_MASK, BLOCK_D, STREAM, ONE_TILE)
 
 
 @triton.jit
 def _lse_to_wire_kernel(
     lse_ptr, dst_ptr, seq_lens_ptr, qsl_ptr,
-    H, HPR, num_seqs, steps,
+    H, HPR, num_seqs, steps, rows,
     s_lb, s_lh, s_dr, s_db, s_dj,
-    HAS_MASK: tl.constexpr, BLOCK_H: tl.constexpr,
+    HAS_MASK: tl.constexpr, BLOCK_R: tl.constexpr,
 ):
     """fp32 masked LSE into dst[r, b, j] (any strides): the LSE half of the two-collective and
-    AG+RS paths, with the same masking as the pack kernel."""
-    b = tl.program_id(0).to(tl.int64)
-    h = tl.program_id(1).to(tl.int64) * BLOCK_H + tl.arange(0, BLOCK_H)
-    h_ok = h < H
-    lse = tl.load(lse_ptr + b * s_lb + h * s_lh, mask=h_ok).to(tl.float32)
+    AG+RS paths, with the same masking as the pack kernel; rows t = b * H + h as there."""
+    t = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+    b = t // H
+    h = t % H
+    ok = t < rows
+    lse = tl.load(lse_ptr + b * s_lb + h * s_lh, mask=ok).to(tl.float32)
     if HAS_MASK:
         empty = row_is_empty(b, seq_lens_ptr, qsl_ptr, num_seqs, steps)
         lse = tl.where(empty, float("-inf"), lse)
-    tl.store(dst_ptr + (h // HPR) * s_dr + b * s_db + (h % HPR) * s_dj, lse, mask=h_ok)
+    tl.store(dst_ptr + (h // HPR) * s_dr + b * s_db + (h % HPR) * s_dj, lse, mask=ok)
 
 
 def mask_args(seq_lens, query_start_loc, like: torch.Tensor):
@@ -141,11 +145,11 @@ def pack(out, lse, send, h_per_rank, seq_lens=None, query_start_loc=None) -> Non
     src, lanes, lanes_p, paired = lanes_of(out, send.shape[-1] - D)
     dst = send.view(torch.int32) if paired else bits(send)
     cfg = pack_launch(B, H, lanes)
-    _pack_kernel[(B, triton.cdiv(H, cfg.block_h))](
+    _pack_kernel[(triton.cdiv(B * H, cfg.block_rows),)](
         src, lse, dst, sl, qsl,
-        B, H, h_per_rank, lanes, num_seqs, steps,
+        B, H, h_per_rank, lanes, num_seqs, steps, B * H,
         src.stride(0), src.stride(1), src.stride(2), lse.stride(0), lse.stride(1),
-        P=lanes_p, HAS_MASK=has_mask, BLOCK_H=cfg.block_h, BLOCK_D=cfg.block_d,
+        P=lanes_p, HAS_MASK=has_mask, BLOCK_R=cfg.block_rows, BLOCK_D=cfg.block_d,
         STREAM=cfg.stream, ONE_TILE=cfg.block_d >= lanes, WIDE=needs_int64(src, lse, dst),
         num_warps=cfg.num_warps,
     )
@@ -163,9 +167,9 @@ def lse_to_wire(lse, dst, world_size, seq_lens=None, query_start_loc=None) -> No
     else:
         s_dr, s_db, s_dj = dst.stride(0), dst.stride(1), dst.stride(2)
     sl, qsl, num_seqs, steps, has_mask = mask_args(seq_lens, query_start_loc, lse)
-    block_h = min(next_pow2(H), 1024)
-    _lse_to_wire_kernel[(B, triton.cdiv(H, block_h))](
-        lse, dst, sl, qsl, H, hpr, num_seqs, steps,
+    block_r = min(next_pow2(B * H), 1024)
+    _lse_to_wire_kernel[(triton.cdiv(B * H, block_r),)](
+        lse, dst, sl, qsl, H, hpr, num_seqs, steps, B * H,
         lse.stride(0), lse.stride(1), s_dr, s_db, s_dj,
-        HAS_MASK=has_mask, BLOCK_H=block_h,
+        HAS_MASK=has_mask, BLOCK_R=block_r,
     )

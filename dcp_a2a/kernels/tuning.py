@@ -18,7 +18,7 @@ from ._host import next_pow2
 
 @dataclass(frozen=True)
 class Launch:
-    block_h: int
+    block_rows: int  # rows (token, head) per program
     block_d: int
     num_warps: int
     stream: bool = False  # streaming cache hints: evict-first loads, .cs stores
@@ -26,19 +26,22 @@ class Launch:
 
 @dataclass(frozen=True)
 class Rule:
-    """For problems of at most ``max_rows`` (token rows x heads the kernel walks): BLOCK_D is
-    the head dim's power of two capped at ``block_d_cap`` lanes, BLOCK_H fills ``lanes`` lanes
-    per program (at least one head, at most the heads there are)."""
+    """For problems of at most ``max_rows`` rows (token x head pairs the kernel walks): BLOCK_D
+    is the head dim's power of two capped at ``block_d_cap`` lanes, BLOCK_R (rows a program)
+    fills ``lanes`` lanes (at least one row, at most the rows there are; with
+    ``span_tokens=False`` at most one token's heads, rounded up to a power of two)."""
 
     max_rows: float
     block_d_cap: int
     lanes: int
     num_warps: int
     stream: bool = False
+    span_tokens: bool = True
 
-    def launch(self, heads: int, head_lanes: int) -> Launch:
+    def launch(self, rows: int, heads: int, head_lanes: int) -> Launch:
         block_d = min(next_pow2(head_lanes), self.block_d_cap)
-        return Launch(_fit(max(1, self.lanes // block_d), heads), block_d, self.num_warps,
+        cap = rows if self.span_tokens else min(rows, heads)
+        return Launch(_fit(max(1, self.lanes // block_d), cap), block_d, self.num_warps,
                       self.stream)
 
 
@@ -56,9 +59,13 @@ TABLE: dict[str, tuple[Rule, ...]] = {
     # the AG+RS weighting kernel (a read and a write of the local output)
     "scale": (Rule(_ANY, 512, 4096, 4),),
 }
-# Triton's CPU interpreter runs a program at a time through numpy: big tiles, few programs.
-INTERPRETER = {"pack": Rule(_ANY, 1024, 4096, 4), "combine": Rule(_ANY, 512, 4096, 4),
-               "scale": Rule(_ANY, 512, 4096, 4)}
+# Triton's CPU interpreter runs a program at a time through numpy: big tiles, few programs
+# (a combine program spans many tokens: 1024 rows of one head each are 2 programs, not 1024).
+# The pack keeps one token a program there: its programs then run one after another, so a
+# staging buffer that overlaps the output it packs corrupts bytes on the CPU as it does on a
+# GPU (one program reading everything before writing anything would hide it).
+INTERPRETER = {"pack": Rule(_ANY, 1024, 4096, 4, span_tokens=False),
+               "combine": Rule(_ANY, 512, 4096, 4), "scale": Rule(_ANY, 512, 4096, 4)}
 
 # Tables the benchmark can compare with TABLE in one run (``python -m dcp_a2a.testing.bench
 # --grid --tables table,head_per_program``); docs/perf.md has the grid where these were chosen.
@@ -86,28 +93,29 @@ OVERRIDES: dict[str, Launch] = {}
 ACTIVE = TABLE  # the table in use; the benchmark swaps in CANDIDATES to compare them
 
 
-def _fit(block_h: int, heads: int) -> int:
-    return max(1, min(block_h, next_pow2(heads)))
+def _fit(block_rows: int, rows: int) -> int:
+    return max(1, min(block_rows, next_pow2(rows)))
 
 
 def launch(kind: str, rows: int, heads: int, head_lanes: int) -> Launch:
-    """The launch for kernel ``kind`` over ``rows`` (token rows x heads) with ``heads`` heads per
-    token row and ``head_lanes`` lanes per head."""
+    """The launch for kernel ``kind`` over ``rows`` rows (token x head pairs, ``heads`` heads
+    a token) of ``head_lanes`` lanes each."""
     if kind in OVERRIDES:
         o = OVERRIDES[kind]
-        return Launch(_fit(o.block_h, heads), min(o.block_d, next_pow2(head_lanes)),
+        return Launch(_fit(o.block_rows, rows), min(o.block_d, next_pow2(head_lanes)),
                       o.num_warps, o.stream)
     if _env.INTERPRET:
-        return INTERPRETER[kind].launch(heads, head_lanes)
+        return INTERPRETER[kind].launch(rows, heads, head_lanes)
     rule = next(r for r in ACTIVE[kind] if rows <= r.max_rows)
-    return rule.launch(heads, head_lanes)
+    return rule.launch(rows, heads, head_lanes)
 
 
-def every_launch(kind: str, heads: int, head_lanes: int) -> list[Launch]:
-    """Every launch the table can pick for this head count and head size, whatever the rows."""
+def every_launch(kind: str, rows: int, heads: int, head_lanes: int) -> list[Launch]:
+    """Every launch any rule of the table (and the interpreter's) gives ``rows`` rows of this
+    head size, whatever rule the row count selects."""
     seen = []
     for rule in ACTIVE[kind] + (INTERPRETER[kind],):
-        cfg = rule.launch(heads, head_lanes)
+        cfg = rule.launch(rows, heads, head_lanes)
         if cfg not in seen:
             seen.append(cfg)
     return seen

@@ -22,7 +22,7 @@ import pytest
 
 import dcp_a2a.evals  # noqa: F401  (dcp_a2a before transformers)
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]  # torchrun, 2 ranks, lm-eval: ~40 s
 transformers = pytest.importorskip("transformers",
                                    reason="transformers is not installed (the test extra has it)")
 pytest.importorskip("lm_eval", reason="lm-eval is not installed (the test extra has it)")

@@ -51,6 +51,7 @@ def _check_report(report, world, shapes, n_backends=3, dtypes=tuple(accuracy.DTY
             assert "ratio_vs_a2a_bound" in c
 
 
+@pytest.mark.slow  # torchrun: a torch start-up per rank
 @pytest.mark.parametrize("nproc", [2, 4])
 def test_torchrun_gloo(tmp_path, impl, nproc):
     out = tmp_path / "report.json"
