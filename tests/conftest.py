@@ -1,9 +1,22 @@
 """The project's test suite: the fixtures come from the suite's pytest plugin
 (dcp_a2a/testing/plugin.py), which the shipped conformance suite uses too."""
 
+import os
+import sys
+
 import pytest
 
 pytest_plugins = ("dcp_a2a.testing.plugin",)
+
+# The suite starts about a hundred Python processes (pools of ranks, torchrun launches, the
+# self-check's pytest sessions). Where the environment forbids writing byte code (container
+# images often set PYTHONDONTWRITEBYTECODE=1) and the install skipped it (the README's
+# `pip install --no-compile`), each of them would compile torch's and transformers' modules
+# from source again: on the 2-core CI machine 6m19s of tests instead of 4m18s. Here they may
+# cache what they compile (what pip would have written at install time anyway).
+if os.environ.get("PYTHONDONTWRITEBYTECODE"):
+    os.environ["PYTHONDONTWRITEBYTECODE"] = ""
+    sys.dont_write_bytecode = False
 
 
 @pytest.hookimpl(trylast=True)
