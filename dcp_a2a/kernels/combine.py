@@ -27,6 +27,7 @@ from .merge_math import (
     join_pair_from_f32,
     load_f32,
     merge_weights,
+    program_rows,
     rank_row,
     split_pair_f32,
     store_from_f32,
@@ -38,7 +39,7 @@ from .merge_math import (
 def _load_lse_tile(data_bits_ptr, lse_ptr, b, h, n, m,
                    s_dn, s_db, s_dh, s_ln, s_lb, s_lh, D,
                    LSE_LANES: tl.constexpr):
-    """[BLOCK_N, BLOCK_R] fp32 LSEs of the rows (b, h) ([BLOCK_R] each); -inf where masked."""
+    """[BLOCK_N, rows] fp32 LSEs of the rows (b, h); -inf where masked."""
     if LSE_LANES == 0:
         lse = tl.load(lse_ptr + n[:, None] * s_ln + (b * s_lb + h * s_lh)[None, :],
                       mask=m, other=float("-inf"))
@@ -57,7 +58,7 @@ def _load_lse_tile(data_bits_ptr, lse_ptr, b, h, n, m,
 @triton.jit
 def _load_lanes(data_ptr, data_bits_ptr, offs, mask, IS_BF16: tl.constexpr,
                 PAIRS: tl.constexpr, STREAM: tl.constexpr):
-    """One rank's [BLOCK_R, BLOCK_D] tile of output lanes as fp32: (lo, hi) where a PAIRS word
+    """One rank's [rows, BLOCK_D] tile of output lanes as fp32: (lo, hi) where a PAIRS word
     holds two 16-bit values, else (value, unused)."""
     if PAIRS:
         if STREAM:
@@ -75,12 +76,12 @@ def _load_lanes(data_ptr, data_bits_ptr, offs, mask, IS_BF16: tl.constexpr,
 def _combine_tile(data_ptr, data_bits_ptr, out_ptr, out_bits_ptr, scale, n, src_row, row_ok,
                   out_row, d0, D, s_dn, s_dd,
                   N: tl.constexpr, IS_BF16: tl.constexpr, PAIRS: tl.constexpr,
-                  BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, STREAM: tl.constexpr):
+                  ROWS: tl.constexpr, BLOCK_D: tl.constexpr, STREAM: tl.constexpr):
     """Lanes [d0, d0 + BLOCK_D) of the merged rows."""
     d = d0 + tl.arange(0, BLOCK_D)
     md = row_ok[:, None] & (d < D)[None, :]
-    acc = tl.zeros((BLOCK_R, BLOCK_D), dtype=tl.float32)
-    acc_hi = tl.zeros((BLOCK_R, BLOCK_D), dtype=tl.float32)  # PAIRS only
+    acc = tl.zeros((ROWS, BLOCK_D), dtype=tl.float32)
+    acc_hi = tl.zeros((ROWS, BLOCK_D), dtype=tl.float32)  # PAIRS only
     for r in tl.static_range(N):
         sc = rank_row(scale, n, r)[:, None]
         offs = r * s_dn + src_row[:, None] + d[None, :] * s_dd
@@ -102,25 +103,20 @@ def combine_rows(
     s_dn, s_db, s_dh, s_dd, s_ln, s_lb, s_lh,
     N: tl.constexpr, LSE_LANES: tl.constexpr, BASE_E: tl.constexpr,
     RETURN_LSE: tl.constexpr, IS_BF16: tl.constexpr, PAIRS: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, STREAM: tl.constexpr,
-    ONE_TILE: tl.constexpr, WIDE: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_H: tl.constexpr,
+    BLOCK_D: tl.constexpr, STREAM: tl.constexpr, ONE_TILE: tl.constexpr, WIDE: tl.constexpr,
 ):
-    """out[b, h, :] = sum_r scale_r * data[r, b, h, :] for this program's BLOCK_R rows, a row
-    being one (token b, local head h) pair, t = b * HPR + h (the order of ``out``): the combine
-    kernel (launched on the grid (cdiv(B * HPR, BLOCK_R),)), also called by the symm_mem
-    combine once its peers' slices are in.
+    """out[b, h, :] = sum_r scale_r * data[r, b, h, :] for this program's rows (BLOCK_B tokens
+    x BLOCK_H local heads, ``merge_math.program_rows``): the combine kernel (launched on the
+    grid (cdiv(B, BLOCK_B), cdiv(H/N, BLOCK_H))), also called by the symm_mem combine once its
+    peers' slices are in.
 
     PAIRS: the data (and output) pointers are 32-bit words holding two 16-bit values, D and
     the strides count words, and a packed LSE is the word at index D (LSE_LANES == 1).
     ONE_TILE: the head fits one BLOCK_D tile (no loop over it); WIDE: index in int64 (some
     offset may pass 2^31), else int32."""
-    t = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
-    if WIDE:
-        t = t.to(tl.int64)
-    b = t // HPR
-    h = t % HPR
+    b, h, row_ok = program_rows(B, HPR, BLOCK_B, BLOCK_H, WIDE)
     n = tl.arange(0, BLOCK_N)
-    row_ok = t < B * HPR
     m = (n < N)[:, None] & row_ok[None, :]
     lse = _load_lse_tile(data_bits_ptr, lse_ptr, b, h, n, m,
                          s_dn, s_db, s_dh, s_ln, s_lb, s_lh, D, LSE_LANES)
@@ -128,20 +124,21 @@ def combine_rows(
 
     # The rank loop is unrolled (N is a constexpr: one compile per group size) so the N loads
     # of a tile can all be in flight, and it adds the ranks in the order 0..N-1 that
-    # merge_weights uses. (One [BLOCK_N, BLOCK_R, BLOCK_D] tile was tried: slower at every
+    # merge_weights uses. (One [BLOCK_N, BLOCK_H, BLOCK_D] tile was tried: slower at every
     # shape; docs/perf.md.)
     src_row = b * s_db + h * s_dh
-    out_row = t * D
+    out_row = (b * HPR + h) * D
+    ROWS: tl.constexpr = BLOCK_B * BLOCK_H
     if ONE_TILE:
         _combine_tile(data_ptr, data_bits_ptr, out_ptr, out_bits_ptr, scale, n, src_row, row_ok,
-                      out_row, 0, D, s_dn, s_dd, N, IS_BF16, PAIRS, BLOCK_R, BLOCK_D, STREAM)
+                      out_row, 0, D, s_dn, s_dd, N, IS_BF16, PAIRS, ROWS, BLOCK_D, STREAM)
     else:
         for d0 in range(0, D, BLOCK_D):
             _combine_tile(data_ptr, data_bits_ptr, out_ptr, out_bits_ptr, scale, n, src_row,
                           row_ok, out_row, d0, D, s_dn, s_dd,
-                          N, IS_BF16, PAIRS, BLOCK_R, BLOCK_D, STREAM)
+                          N, IS_BF16, PAIRS, ROWS, BLOCK_D, STREAM)
     if RETURN_LSE:
-        tl.store(lse_out_ptr + t, g, mask=row_ok)
+        tl.store(lse_out_ptr + b * HPR + h, g, mask=row_ok)
 
 
 @triton.jit
@@ -150,17 +147,14 @@ def _scale_kernel(
     N, B, H, HPR, D, rank,
     s_ob, s_oh, s_od,
     BASE_E: tl.constexpr, RETURN_LSE: tl.constexpr, IS_BF16: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
-    """AG+RS local step: dst[h // HPR, b, h % HPR, :] = exp(s_rank - g) * out[b, h, :], for the
-    BLOCK_R rows t = b * H + h of this program."""
-    t = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
-    b = t // H
-    h = t % H
+    """AG+RS local step: dst[h // HPR, b, h % HPR, :] = exp(s_rank - g) * out[b, h, :], for
+    this program's rows (b, h)."""
+    b, h, row_ok = program_rows(B, H, BLOCK_B, BLOCK_H, True)
     n = tl.arange(0, BLOCK_N)
-    row_ok = t < B * H
     m = (n < N)[:, None] & row_ok[None, :]
-    lse = tl.load(lse_all_ptr + (n[:, None] * B + b[None, :]) * H + h[None, :], mask=m,
+    lse = tl.load(lse_all_ptr + (n[:, None] * B + b) * H + h[None, :], mask=m,
                   other=float("-inf"))
     scale, g = merge_weights(lse, n, BASE_E, BLOCK_N)
     sc = rank_row(scale, n, rank)[:, None]
@@ -200,12 +194,12 @@ def combine_launch_args(data, data_bits, lse, N, B, hpr, D, lse_lanes, return_ls
             src.stride(0), src.stride(1), src.stride(2), src.stride(3), *lse_strides)
     kw = dict(N=N, LSE_LANES=lse_lanes, BASE_E=is_lse_base_on_e, RETURN_LSE=return_lse,
               IS_BF16=data.dtype == torch.bfloat16, PAIRS=words is not None,
-              BLOCK_N=next_pow2(N), BLOCK_R=cfg.block_rows, BLOCK_D=cfg.block_d,
-              STREAM=cfg.stream,
+              BLOCK_N=next_pow2(N), BLOCK_B=cfg.block_b, BLOCK_H=cfg.block_h,
+              BLOCK_D=cfg.block_d, STREAM=cfg.stream,
               ONE_TILE=cfg.block_d >= lanes,
               WIDE=needs_int64(src, out) or (lse is not None and needs_int64(lse)),
               num_warps=cfg.num_warps, **NO_CONTRACTION)
-    return (triton.cdiv(B * hpr, cfg.block_rows),), args, kw, out, lse_out
+    return cfg.grid(B, hpr), args, kw, out, lse_out
 
 
 def _combine(data, data_bits, lse, N, B, hpr, D, lse_lanes, return_lse, is_lse_base_on_e):
@@ -245,12 +239,12 @@ def scale_for_reduce_scatter(out, lse_all, rank, return_lse, is_lse_base_on_e, d
     if B == 0 or H == 0:
         return lse_out
     cfg = scale_launch(N, B, H, D)
-    _scale_kernel[(triton.cdiv(B * H, cfg.block_rows),)](
+    _scale_kernel[cfg.grid(B, H)](
         out, bits(out), lse_all.contiguous(), dst, bits(dst), lse_out,
         N, B, H, hpr, D, rank,
         out.stride(0), out.stride(1), out.stride(2),
         BASE_E=is_lse_base_on_e, RETURN_LSE=return_lse, IS_BF16=out.dtype == torch.bfloat16,
-        BLOCK_N=next_pow2(N), BLOCK_R=cfg.block_rows, BLOCK_D=cfg.block_d,
+        BLOCK_N=next_pow2(N), BLOCK_B=cfg.block_b, BLOCK_H=cfg.block_h, BLOCK_D=cfg.block_d,
         num_warps=cfg.num_warps, **NO_CONTRACTION,
     )
     return lse_out

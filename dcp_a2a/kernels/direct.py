@@ -35,6 +35,7 @@ import triton
 import triton.language as tl
 
 from .combine import combine_launch_args, combine_rows
+from .merge_math import program_rows
 from .pack import lanes_of, mask_args, write_rows
 from .tuning import pack_launch
 
@@ -57,18 +58,16 @@ def _acquire_load(ptr, ASM: tl.constexpr):
 def _pack_to_peers_kernel(
     out_bits_ptr, lse_ptr, recv_bits_ptr, peer_recv_ptrs, peer_flag_ptrs, counter_ptr, epoch_ptr,
     seq_lens_ptr, qsl_ptr,
-    B, H, HPR, D, num_seqs, steps, rows, rank, slot_lanes,
+    B, H, HPR, D, num_seqs, steps, rank, slot_lanes,
     s_ob, s_oh, s_od, s_lb, s_lh,
     N: tl.constexpr, P: tl.constexpr, HAS_MASK: tl.constexpr,
-    BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, STREAM: tl.constexpr, ONE_TILE: tl.constexpr,
+    BLOCK_B: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, STREAM: tl.constexpr,
+    ONE_TILE: tl.constexpr,
 ):
-    """Step 1 of the module docstring, for the rows t = b * H + h of this program (as the pack
-    kernel). ``recv_bits_ptr`` (this rank's buffer) only gives the lane type of the peers'
-    buffers; ``slot_lanes`` is one slot's size in those lanes."""
-    t = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
-    b = t // H
-    h = t % H
-    row_ok = t < rows
+    """Step 1 of the module docstring, for this program's rows (b, h) (as the pack kernel).
+    ``recv_bits_ptr`` (this rank's buffer) only gives the lane type of the peers' buffers;
+    ``slot_lanes`` is one slot's size in those lanes."""
+    b, h, row_ok = program_rows(B, H, BLOCK_B, BLOCK_H, True)
     e = tl.load(epoch_ptr)
     owner = h // HPR
     base = tl.load(peer_recv_ptrs + owner, mask=row_ok, other=0)
@@ -83,7 +82,7 @@ def _pack_to_peers_kernel(
     # program's acquire, before its signals).
     tl.debug_barrier()
     arrived = tl.atomic_add(counter_ptr, 1, sem="acq_rel", scope="sys")
-    if arrived == tl.num_programs(0) - 1:
+    if arrived == tl.num_programs(0) * tl.num_programs(1) - 1:
         tl.store(counter_ptr, 0)
         tl.store(epoch_ptr, e + 1)
         for p in tl.static_range(N):
@@ -99,8 +98,9 @@ def _combine_from_peers_kernel(
     flags_ptr, epoch_ptr, slot_lanes,
     N: tl.constexpr, LSE_LANES: tl.constexpr, BASE_E: tl.constexpr,
     RETURN_LSE: tl.constexpr, IS_BF16: tl.constexpr, PAIRS: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, STREAM: tl.constexpr,
-    ONE_TILE: tl.constexpr, WIDE: tl.constexpr, ASM: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_H: tl.constexpr,
+    BLOCK_D: tl.constexpr, STREAM: tl.constexpr, ONE_TILE: tl.constexpr, WIDE: tl.constexpr,
+    ASM: tl.constexpr,
 ):
     """Step 2 of the module docstring: wait for the N slices of this call, merge its slot."""
     target = tl.load(epoch_ptr)
@@ -112,7 +112,7 @@ def _combine_from_peers_kernel(
     combine_rows(data_ptr + off, data_bits_ptr + off, lse_ptr, out_ptr, out_bits_ptr,
                  lse_out_ptr, B, HPR, D, s_dn, s_db, s_dh, s_dd, s_ln, s_lb, s_lh,
                  N, LSE_LANES, BASE_E, RETURN_LSE, IS_BF16, PAIRS,
-                 BLOCK_N, BLOCK_R, BLOCK_D, STREAM, ONE_TILE, WIDE)
+                 BLOCK_N, BLOCK_B, BLOCK_H, BLOCK_D, STREAM, ONE_TILE, WIDE)
 
 
 def pack_to_peers(out, lse, tables, seq_lens=None, query_start_loc=None) -> None:
@@ -123,13 +123,14 @@ def pack_to_peers(out, lse, tables, seq_lens=None, query_start_loc=None) -> None
     src, lanes, lanes_p, paired = lanes_of(out, tables.lse_lanes)
     recv = tables.recv_lanes(paired)
     cfg = pack_launch(B, H, lanes)
-    _pack_to_peers_kernel[(triton.cdiv(B * H, cfg.block_rows),)](
+    _pack_to_peers_kernel[cfg.grid(B, H)](
         src, lse, recv, tables.peer_recv_ptrs, tables.peer_flag_ptrs, tables.counter,
         tables.epoch, sl, qsl,
-        B, H, tables.h_per_rank, lanes, num_seqs, steps, B * H, tables.rank,
+        B, H, tables.h_per_rank, lanes, num_seqs, steps, tables.rank,
         recv.numel() // 2,
         src.stride(0), src.stride(1), src.stride(2), lse.stride(0), lse.stride(1),
-        N=tables.world_size, P=lanes_p, HAS_MASK=has_mask, BLOCK_R=cfg.block_rows,
+        N=tables.world_size, P=lanes_p, HAS_MASK=has_mask, BLOCK_B=cfg.block_b,
+        BLOCK_H=cfg.block_h,
         BLOCK_D=cfg.block_d, STREAM=cfg.stream, ONE_TILE=cfg.block_d >= lanes,
         num_warps=cfg.num_warps,
     )

@@ -1,4 +1,4 @@
-"""Device-side math shared by every kernel: the row mask and the LSE merge.
+"""Device-side math shared by every kernel: a program's rows, the row mask and the LSE merge.
 
 The merge of N attention states (o_n, s_n) is the LSE-weighted average
 
@@ -30,8 +30,29 @@ NO_CONTRACTION = {"enable_fp_fusion": False}
 
 
 @triton.jit
+def program_rows(B, H, BLOCK_B: tl.constexpr, BLOCK_H: tl.constexpr, WIDE: tl.constexpr):
+    """The rows (token b, head h) of this program on the grid (cdiv(B, BLOCK_B),
+    cdiv(H, BLOCK_H)): BLOCK_B tokens x BLOCK_H heads (both powers of two), flattened as
+    [BLOCK_B * BLOCK_H] vectors b, h and ok (the row exists). With BLOCK_B = 1, ``b`` is the
+    scalar program id (no per-lane token arithmetic on the decode path). ``WIDE``: int64."""
+    r = tl.arange(0, BLOCK_B * BLOCK_H)
+    if BLOCK_B == 1:  # the grid has exactly B token columns
+        b = tl.program_id(0)
+        h = tl.program_id(1) * BLOCK_H + r
+        ok = h < H
+    else:
+        b = tl.program_id(0) * BLOCK_B + r // BLOCK_H
+        h = tl.program_id(1) * BLOCK_H + r % BLOCK_H
+        ok = (b < B) & (h < H)
+    if WIDE:
+        b = b.to(tl.int64)
+        h = h.to(tl.int64)
+    return b, h, ok
+
+
+@triton.jit
 def row_is_empty(b, seq_lens_ptr, qsl_ptr, num_seqs, search_steps):
-    """True where token row ``b`` (a vector of token rows) has no local KV: its request's
+    """True where token row ``b`` (a scalar or a vector) has no local KV: its request's
     seq_len is 0, or the row is padding (at or beyond query_start_loc[-1], or before
     query_start_loc[0]).
 
@@ -53,17 +74,17 @@ def row_is_empty(b, seq_lens_ptr, qsl_ptr, num_seqs, search_steps):
 
 @triton.jit
 def rank_row(tile, n, r):
-    """Row ``r`` of a [BLOCK_N, BLOCK_R] tile as a [BLOCK_R] vector: a sum of that row and zeros,
+    """Row ``r`` of a [BLOCK_N, ROWS] tile as a [ROWS] vector: a sum of that row and zeros,
     so exact whatever order the reduction takes."""
     return tl.sum(tl.where((n == r)[:, None], tile, 0.0), axis=0)
 
 
 @triton.jit
 def merge_weights(lse, n, BASE_E: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Normalised merge weights and merged LSE for a [BLOCK_N, BLOCK_R] fp32 tile of LSEs
+    """Normalised merge weights and merged LSE for a [BLOCK_N, ROWS] fp32 tile of LSEs
     (``n = tl.arange(0, BLOCK_N)``; masked-out rows must be loaded as -inf).
 
-    Returns (scale[BLOCK_N, BLOCK_R], g[BLOCK_R]): scale_n = exp(s_n - m) / sum_k exp(s_k - m)
+    Returns (scale[BLOCK_N, ROWS], g[ROWS]): scale_n = exp(s_n - m) / sum_k exp(s_k - m)
     with m the row max (the global-max formulation), exactly 0 where the weight underflows or
     s_n is -inf/NaN/+inf. Every rounding happens in a fixed order: the max is exact in any
     order, and the sum runs over ranks 0, 1, ..., N-1 one addition at a time, so the result

@@ -1,8 +1,7 @@
 """Pack kernel: attention partial + LSE -> the wire buffer ``send[N, B, H/N, D+P]``.
 
-One program per BLOCK_R rows, a row being one (token b, head h) pair in the order of ``out``'s
-first two dims (row t = b * H + h): the decode tables give each head its own program, and the
-interpreter's tables give a program many tokens. The output lanes are moved as raw bits
+One program per BLOCK_B tokens x BLOCK_H heads (the rows (b, h) of ``merge_math.program_rows``;
+the decode tables give each head its own program). The output lanes are moved as raw bits
 (an int16/int32 view), so the copy is exact for every value, NaN payloads included; the LSE is
 converted to float32 and its bits written into the P trailing lanes. Empty-shard masking (rows of
 requests with no local KV, and padding rows) is fused here: their LSE goes out as -inf.
@@ -13,14 +12,14 @@ check it first.
 
 from __future__ import annotations
 
-from .. import _env  # noqa: F401  (sets TRITON_INTERPRET before the kernels are defined)
+from .. import _env  # sets TRITON_INTERPRET before the kernels are defined
 
 import torch
 import triton
 import triton.language as tl
 
 from ._host import as_words, bits, needs_int64, next_pow2, search_steps
-from .merge_math import row_is_empty
+from .merge_math import program_rows, row_is_empty
 from .tuning import pack_launch
 
 
@@ -45,8 +44,8 @@ def write_rows(
     P: tl.constexpr, HAS_MASK: tl.constexpr, BLOCK_D: tl.constexpr, STREAM: tl.constexpr,
     ONE_TILE: tl.constexpr,
 ):
-    """Write the wire rows of tokens ``b`` and heads ``h`` ([BLOCK_R] each; rows where
-    ``row_ok`` is false are skipped): ``dst_row[i]`` points at the first lane of row i on the
+    """Write the wire rows of tokens ``b`` and heads ``h`` (a row each; rows where ``row_ok``
+    is false are skipped): ``dst_row[i]`` points at the first lane of row i on the
     wire (D output lanes, then P LSE lanes). ``ONE_TILE``: the head fits in one BLOCK_D tile
     (decode shapes), so no loop over it."""
     src_row = b * s_ob + h * s_oh
@@ -72,39 +71,31 @@ def write_rows(
 @triton.jit
 def _pack_kernel(
     out_bits_ptr, lse_ptr, send_bits_ptr, seq_lens_ptr, qsl_ptr,
-    B, H, HPR, D, num_seqs, steps, rows,
+    B, H, HPR, D, num_seqs, steps,
     s_ob, s_oh, s_od, s_lb, s_lh,
     P: tl.constexpr, HAS_MASK: tl.constexpr,
-    BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, STREAM: tl.constexpr,
+    BLOCK_B: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, STREAM: tl.constexpr,
     ONE_TILE: tl.constexpr, WIDE: tl.constexpr,
 ):
-    """Rows t = b * H + h of this program (``rows`` = B * H) to their wire rows
-    send[h // HPR, b, h % HPR, :]. ``WIDE``: some offset may pass 2^31 elements, so index in
-    int64 (else int32, fewer instructions at decode sizes)."""
-    t = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
-    if WIDE:
-        t = t.to(tl.int64)
-    b = t // H
-    h = t % H
+    """This program's rows (b, h) to send[h // HPR, b, h % HPR, :]. ``WIDE``: some offset may
+    pass 2^31 elements, so index in int64 (else int32, fewer instructions at decode sizes)."""
+    b, h, ok = program_rows(B, H, BLOCK_B, BLOCK_H, WIDE)
     row = (((h // HPR) * B + b) * HPR + h % HPR) * (D + P)
-    write_rows(out_bits_ptr, lse_ptr, send_bits_ptr + row, seq_lens_ptr, qsl_ptr, b, h,
-               t < rows, D, num_seqs, steps, s_ob, s_oh, s_od, s_lb, s_lh,
+    write_rows(out_bits_ptr, lse_ptr, send_bits_ptr + row, seq_lens_ptr, qsl_ptr, b, h, ok,
+               D, num_seqs, steps, s_ob, s_oh, s_od, s_lb, s_lh,
                P, HAS_MASK, BLOCK_D, STREAM, ONE_TILE)
 
 
 @triton.jit
 def _lse_to_wire_kernel(
     lse_ptr, dst_ptr, seq_lens_ptr, qsl_ptr,
-    H, HPR, num_seqs, steps, rows,
+    B, H, HPR, num_seqs, steps,
     s_lb, s_lh, s_dr, s_db, s_dj,
-    HAS_MASK: tl.constexpr, BLOCK_R: tl.constexpr,
+    HAS_MASK: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_H: tl.constexpr,
 ):
     """fp32 masked LSE into dst[r, b, j] (any strides): the LSE half of the two-collective and
-    AG+RS paths, with the same masking as the pack kernel; rows t = b * H + h as there."""
-    t = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
-    b = t // H
-    h = t % H
-    ok = t < rows
+    AG+RS paths, with the same masking as the pack kernel."""
+    b, h, ok = program_rows(B, H, BLOCK_B, BLOCK_H, True)
     lse = tl.load(lse_ptr + b * s_lb + h * s_lh, mask=ok).to(tl.float32)
     if HAS_MASK:
         empty = row_is_empty(b, seq_lens_ptr, qsl_ptr, num_seqs, steps)
@@ -145,11 +136,12 @@ def pack(out, lse, send, h_per_rank, seq_lens=None, query_start_loc=None) -> Non
     src, lanes, lanes_p, paired = lanes_of(out, send.shape[-1] - D)
     dst = send.view(torch.int32) if paired else bits(send)
     cfg = pack_launch(B, H, lanes)
-    _pack_kernel[(triton.cdiv(B * H, cfg.block_rows),)](
+    _pack_kernel[cfg.grid(B, H)](
         src, lse, dst, sl, qsl,
-        B, H, h_per_rank, lanes, num_seqs, steps, B * H,
+        B, H, h_per_rank, lanes, num_seqs, steps,
         src.stride(0), src.stride(1), src.stride(2), lse.stride(0), lse.stride(1),
-        P=lanes_p, HAS_MASK=has_mask, BLOCK_R=cfg.block_rows, BLOCK_D=cfg.block_d,
+        P=lanes_p, HAS_MASK=has_mask, BLOCK_B=cfg.block_b, BLOCK_H=cfg.block_h,
+        BLOCK_D=cfg.block_d,
         STREAM=cfg.stream, ONE_TILE=cfg.block_d >= lanes, WIDE=needs_int64(src, lse, dst),
         num_warps=cfg.num_warps,
     )
@@ -167,9 +159,10 @@ def lse_to_wire(lse, dst, world_size, seq_lens=None, query_start_loc=None) -> No
     else:
         s_dr, s_db, s_dj = dst.stride(0), dst.stride(1), dst.stride(2)
     sl, qsl, num_seqs, steps, has_mask = mask_args(seq_lens, query_start_loc, lse)
-    block_r = min(next_pow2(B * H), 1024)
-    _lse_to_wire_kernel[(triton.cdiv(B * H, block_r),)](
-        lse, dst, sl, qsl, H, hpr, num_seqs, steps, B * H,
+    block_h = min(next_pow2(H), 1024)
+    block_b = min(next_pow2(B), 1024 // block_h) if _env.INTERPRET else 1
+    _lse_to_wire_kernel[(triton.cdiv(B, block_b), triton.cdiv(H, block_h))](
+        lse, dst, sl, qsl, B, H, hpr, num_seqs, steps,
         lse.stride(0), lse.stride(1), s_dr, s_db, s_dj,
-        HAS_MASK=has_mask, BLOCK_R=block_r,
+        HAS_MASK=has_mask, BLOCK_B=block_b, BLOCK_H=block_h,
     )

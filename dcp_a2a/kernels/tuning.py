@@ -18,31 +18,36 @@ from ._host import next_pow2
 
 @dataclass(frozen=True)
 class Launch:
-    block_rows: int  # rows (token, head) per program
+    block_h: int  # heads a program (a power of two)
     block_d: int
     num_warps: int
     stream: bool = False  # streaming cache hints: evict-first loads, .cs stores
+    block_b: int = 1  # tokens a program (a power of two)
+
+    def grid(self, batch: int, heads: int) -> tuple[int, int]:
+        return (-(-batch // self.block_b), -(-heads // self.block_h))
 
 
 @dataclass(frozen=True)
 class Rule:
     """For problems of at most ``max_rows`` rows (token x head pairs the kernel walks): BLOCK_D
-    is the head dim's power of two capped at ``block_d_cap`` lanes, BLOCK_R (rows a program)
-    fills ``lanes`` lanes (at least one row, at most the rows there are; with
-    ``span_tokens=False`` at most one token's heads, rounded up to a power of two)."""
+    is the head dim's power of two capped at ``block_d_cap`` lanes, and a program's BLOCK_H
+    heads (at least one, at most the heads there are) fill ``lanes`` lanes; with
+    ``span_tokens`` BLOCK_B tokens a program fill what one token's heads leave."""
 
     max_rows: float
     block_d_cap: int
     lanes: int
     num_warps: int
     stream: bool = False
-    span_tokens: bool = True
+    span_tokens: bool = False
 
-    def launch(self, rows: int, heads: int, head_lanes: int) -> Launch:
+    def launch(self, batch: int, heads: int, head_lanes: int) -> Launch:
         block_d = min(next_pow2(head_lanes), self.block_d_cap)
-        cap = rows if self.span_tokens else min(rows, heads)
-        return Launch(_fit(max(1, self.lanes // block_d), cap), block_d, self.num_warps,
-                      self.stream)
+        rows = max(1, self.lanes // block_d)
+        block_h = _fit(rows, heads)
+        block_b = _fit(rows // block_h, batch) if self.span_tokens else 1
+        return Launch(block_h, block_d, self.num_warps, self.stream, block_b)
 
 
 _ANY = float("inf")
@@ -64,8 +69,9 @@ TABLE: dict[str, tuple[Rule, ...]] = {
 # The pack keeps one token a program there: its programs then run one after another, so a
 # staging buffer that overlaps the output it packs corrupts bytes on the CPU as it does on a
 # GPU (one program reading everything before writing anything would hide it).
-INTERPRETER = {"pack": Rule(_ANY, 1024, 4096, 4, span_tokens=False),
-               "combine": Rule(_ANY, 512, 4096, 4), "scale": Rule(_ANY, 512, 4096, 4)}
+INTERPRETER = {"pack": Rule(_ANY, 1024, 4096, 4),
+               "combine": Rule(_ANY, 512, 4096, 4, span_tokens=True),
+               "scale": Rule(_ANY, 512, 4096, 4, span_tokens=True)}
 
 # Tables the benchmark can compare with TABLE in one run (``python -m dcp_a2a.testing.bench
 # --grid --tables table,head_per_program``); docs/perf.md has the grid where these were chosen.
@@ -85,6 +91,11 @@ CANDIDATES: dict[str, dict[str, tuple[Rule, ...]]] = {
                                             Rule(_ANY, 1024, 4096, 8))},
     "pack_mid_head": {**TABLE, "pack": (Rule(1024, 1024, 1, 2), Rule(16384, 1024, 1, 4),
                                         Rule(_ANY, 1024, 4096, 8))},
+    # combine at large batches (2026-12-01, second session): the head in one tile (no loop over
+    # it; D=512 bf16 is 256 words), 4 or 8 heads a program
+    "combine_one_tile": {**TABLE, "combine": TABLE["combine"][:2] + (Rule(_ANY, 256, 1024, 8),)},
+    "combine_one_tile_8h": {**TABLE,
+                            "combine": TABLE["combine"][:2] + (Rule(_ANY, 256, 2048, 8),)},
 }
 
 OVERRIDES: dict[str, Launch] = {}
@@ -93,41 +104,41 @@ OVERRIDES: dict[str, Launch] = {}
 ACTIVE = TABLE  # the table in use; the benchmark swaps in CANDIDATES to compare them
 
 
-def _fit(block_rows: int, rows: int) -> int:
-    return max(1, min(block_rows, next_pow2(rows)))
+def _fit(block: int, n: int) -> int:
+    return max(1, min(block, next_pow2(n)))
 
 
-def launch(kind: str, rows: int, heads: int, head_lanes: int) -> Launch:
-    """The launch for kernel ``kind`` over ``rows`` rows (token x head pairs, ``heads`` heads
-    a token) of ``head_lanes`` lanes each."""
+def launch(kind: str, batch: int, heads: int, head_lanes: int) -> Launch:
+    """The launch for kernel ``kind`` over ``batch`` tokens of ``heads`` heads of
+    ``head_lanes`` lanes (the table's rules select on the rows, batch x heads)."""
     if kind in OVERRIDES:
         o = OVERRIDES[kind]
-        return Launch(_fit(o.block_rows, rows), min(o.block_d, next_pow2(head_lanes)),
-                      o.num_warps, o.stream)
+        return Launch(_fit(o.block_h, heads), min(o.block_d, next_pow2(head_lanes)),
+                      o.num_warps, o.stream, _fit(o.block_b, batch))
     if _env.INTERPRET:
-        return INTERPRETER[kind].launch(rows, heads, head_lanes)
-    rule = next(r for r in ACTIVE[kind] if rows <= r.max_rows)
-    return rule.launch(rows, heads, head_lanes)
+        return INTERPRETER[kind].launch(batch, heads, head_lanes)
+    rule = next(r for r in ACTIVE[kind] if batch * heads <= r.max_rows)
+    return rule.launch(batch, heads, head_lanes)
 
 
-def every_launch(kind: str, rows: int, heads: int, head_lanes: int) -> list[Launch]:
-    """Every launch any rule of the table (and the interpreter's) gives ``rows`` rows of this
-    head size, whatever rule the row count selects."""
+def every_launch(kind: str, batch: int, heads: int, head_lanes: int) -> list[Launch]:
+    """Every launch any rule of the table (and the interpreter's) gives this problem,
+    whatever rule its row count selects."""
     seen = []
     for rule in ACTIVE[kind] + (INTERPRETER[kind],):
-        cfg = rule.launch(rows, heads, head_lanes)
+        cfg = rule.launch(batch, heads, head_lanes)
         if cfg not in seen:
             seen.append(cfg)
     return seen
 
 
 def pack_launch(batch: int, heads: int, head_lanes: int) -> Launch:
-    return launch("pack", batch * heads, heads, head_lanes)
+    return launch("pack", batch, heads, head_lanes)
 
 
 def combine_launch(ranks: int, batch: int, heads: int, head_lanes: int) -> Launch:
-    return launch("combine", batch * heads, heads, head_lanes)
+    return launch("combine", batch, heads, head_lanes)
 
 
 def scale_launch(ranks: int, batch: int, heads: int, head_lanes: int) -> Launch:
-    return launch("scale", batch * heads, heads, head_lanes)
+    return launch("scale", batch, heads, head_lanes)

@@ -165,38 +165,38 @@ def bench_shape(b, h, d, n, dtype_name, copy_gbps, sweep=False) -> list[Row]:
         gbps = nbytes / (us * 1e-6) / 1e9
         rows.append(Row(shape, name, "default", us, nbytes, gbps, 100 * gbps / copy_gbps, method))
     if sweep:
-        rows += _sweep(shape, ops, copy_gbps, b * h, b * hpr, d)
+        rows += _sweep(shape, ops, copy_gbps, h, hpr, d)
     return rows
 
 
-def _sweep(shape, ops, copy_gbps, pack_rows, combine_rows, d) -> list[Row]:
+def _sweep(shape, ops, copy_gbps, h, hpr, d) -> list[Row]:
     rows = []
     for which, op in (("pack", "pack"), ("combine", "unpack_combine")):
-        rows_here = pack_rows if which == "pack" else combine_rows
-        for br, bd, nw, stream in _variants(rows_here, d):
-            tuning.OVERRIDES[which] = tuning.Launch(br, bd, nw, stream)
+        heads = h if which == "pack" else hpr
+        for bh, bd, nw, stream in _variants(heads, d):
+            tuning.OVERRIDES[which] = tuning.Launch(bh, bd, nw, stream)
             fn, nbytes = ops[op]
             try:
                 us, method = time_us(fn, nbytes)
             finally:
                 tuning.OVERRIDES.pop(which, None)
             gbps = nbytes / (us * 1e-6) / 1e9
-            rows.append(Row(shape, op, f"br={br} bd={bd} w={nw}" + " cs" * stream, us,
+            rows.append(Row(shape, op, f"bh={bh} bd={bd} w={nw}" + " cs" * stream, us,
                             nbytes, gbps, 100 * gbps / copy_gbps, method))
     return rows
 
 
-def _variants(rows, d):
+def _variants(heads, d):
     """Launch variants around the defaults (block sizes count 32-bit words on the paired path)."""
-    for br in (1, 2, 4, 8, 16, 32):
-        if br > rows:
+    for bh in (1, 2, 4, 8, 16, 32):
+        if bh > heads:
             continue
         for bd in (64, 128, 256, 512):
-            if bd > max(64, d) or br * bd > 8192 or br * bd < 64:
+            if bd > max(64, d) or bh * bd > 8192 or bh * bd < 64:
                 continue
             for nw in (2, 4, 8):
                 for stream in (False, True):
-                    yield br, bd, nw, stream
+                    yield bh, bd, nw, stream
 
 
 # --------------------------------------------------------------------------- ours vs straightforward

@@ -37,9 +37,9 @@ def _grid(device):
 def _configs(b, heads, hpr, d, dtype):
     """Per run, an override for each kernel: the i-th configuration of each kind's list."""
     lanes = d // 2 if dtype != torch.float32 and d % 2 == 0 else d
-    lists = {"pack": tuning.every_launch("pack", b * heads, heads, lanes),
-             "combine": tuning.every_launch("combine", b * hpr, hpr, lanes),
-             "scale": tuning.every_launch("scale", b * heads, heads, d)}
+    lists = {"pack": tuning.every_launch("pack", b, heads, lanes),
+             "combine": tuning.every_launch("combine", b, hpr, lanes),
+             "scale": tuning.every_launch("scale", b, heads, d)}
     runs = max(len(v) for v in lists.values())
     return [{k: v[i % len(v)] for k, v in lists.items()} for i in range(runs)]
 
