@@ -27,6 +27,7 @@ import sys
 from dataclasses import asdict, dataclass
 
 import torch
+from tqdm import tqdm
 
 from ..kernels import tuning
 from ..kernels.combine import combine_separate, scale_for_reduce_scatter
@@ -279,15 +280,16 @@ def grid_main(args) -> int:
     copy_gbps = copy_bandwidth()
     rows = []
     tables = [t for t in (args.tables or "table").split(",") if t]
-    for point in grid_points(args.quick):
-        rows.append(grid_point(*point, copy_gbps, tables))
     props = torch.cuda.get_device_properties(0)
     import triton
 
-    with open(args.out, "w") as f:
-        json.dump({"device": props.name, "torch": torch.__version__,
-                   "triton": triton.__version__, "copy_gbps": copy_gbps, "grid": rows}, f,
-                  indent=1)
+    for point in tqdm(list(grid_points(args.quick)), desc="grid", mininterval=10):
+        rows.append(grid_point(*point, copy_gbps, tables))
+        # rewritten after every point: a run cut short still leaves what it measured
+        with open(args.out, "w") as f:
+            json.dump({"device": props.name, "torch": torch.__version__,
+                       "triton": triton.__version__, "copy_gbps": copy_gbps,
+                       "tables": tables, "grid": rows}, f, indent=1)
     print(f"device {props.name}; copy bandwidth {copy_gbps:.0f} GB/s (read + write)")
     print(grid_table(rows))
     return 0
