@@ -29,6 +29,11 @@ def next_pow2(n: int) -> int:
     return 1 << max(0, math.ceil(math.log2(max(1, n))))
 
 
+def prev_pow2(n: int) -> int:
+    """The largest power of two <= n (n >= 1)."""
+    return 1 << (max(1, n).bit_length() - 1)
+
+
 def search_steps(num_seqs: int) -> int:
     """Steps of the binary search for a row's request over ``num_seqs`` requests."""
     return 0 if num_seqs <= 1 else math.ceil(math.log2(num_seqs))

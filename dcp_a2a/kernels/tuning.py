@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .. import _env
-from ._host import next_pow2
+from ._host import next_pow2, prev_pow2
 
 
 @dataclass(frozen=True)
@@ -33,7 +33,10 @@ class Rule:
     """For problems of at most ``max_rows`` rows (token x head pairs the kernel walks): BLOCK_D
     is the head dim's power of two capped at ``block_d_cap`` lanes, and a program's BLOCK_H
     heads (at least one, at most the heads there are) fill ``lanes`` lanes; with
-    ``span_tokens`` BLOCK_B tokens a program fill what one token's heads leave."""
+    ``span_tokens`` BLOCK_B tokens a program fill what one token's heads leave. With
+    ``per_rank``, ``lanes`` counts the loads of all N ranks (the combine reads N lanes for each
+    lane it writes): a program gets ``lanes / N`` output lanes, so its bytes in flight do not
+    grow with N."""
 
     max_rows: float
     block_d_cap: int
@@ -41,10 +44,12 @@ class Rule:
     num_warps: int
     stream: bool = False
     span_tokens: bool = False
+    per_rank: bool = False
 
-    def launch(self, batch: int, heads: int, head_lanes: int) -> Launch:
+    def launch(self, batch: int, heads: int, head_lanes: int, ranks: int = 1) -> Launch:
         block_d = min(next_pow2(head_lanes), self.block_d_cap)
-        rows = max(1, self.lanes // block_d)
+        lanes = self.lanes // ranks if self.per_rank else self.lanes
+        rows = prev_pow2(max(1, lanes // block_d))
         block_h = _fit(rows, heads)
         block_b = _fit(rows // block_h, batch) if self.span_tokens else 1
         return Launch(block_h, block_d, self.num_warps, self.stream, block_b)
@@ -59,8 +64,10 @@ TABLE: dict[str, tuple[Rule, ...]] = {
     "pack": (Rule(1024, 1024, 1, 2), Rule(_ANY, 1024, 4096, 8)),
     # one head per program while that keeps the GPU busy (8 warps at the smallest sizes, 4 up to
     # 16k rows: as many programs as the straightforward design, which otherwise won at B 32-128);
-    # large batches: 8 heads x 128 lanes per program
-    "combine": (Rule(256, 512, 1, 8), Rule(16384, 512, 1, 4), Rule(_ANY, 128, 1024, 8)),
+    # large batches: 8192 / N lanes a program (D=512 bf16: 4 heads at N=8, 8 at N=4, each in
+    # one 256-word tile; 8 heads x 128 words whatever N was 77 % of copy at N=8)
+    "combine": (Rule(256, 512, 1, 8), Rule(16384, 512, 1, 4),
+                Rule(_ANY, 256, 8192, 8, per_rank=True)),
     # the AG+RS weighting kernel (a read and a write of the local output)
     "scale": (Rule(_ANY, 512, 4096, 4),),
 }
@@ -91,11 +98,14 @@ CANDIDATES: dict[str, dict[str, tuple[Rule, ...]]] = {
                                             Rule(_ANY, 1024, 4096, 8))},
     "pack_mid_head": {**TABLE, "pack": (Rule(1024, 1024, 1, 2), Rule(16384, 1024, 1, 4),
                                         Rule(_ANY, 1024, 4096, 8))},
-    # combine at large batches (2026-12-01, second session): the head in one tile (no loop over
-    # it; D=512 bf16 is 256 words), 4 or 8 heads a program
+    # combine at large batches (docs/perf.md, third pass): 8 heads x 128 words whatever N (the
+    # table until then); the head in one tile, 4 or 8 heads whatever N; 4096 / N lanes
+    "combine_slab_128": {**TABLE, "combine": TABLE["combine"][:2] + (Rule(_ANY, 128, 1024, 8),)},
     "combine_one_tile": {**TABLE, "combine": TABLE["combine"][:2] + (Rule(_ANY, 256, 1024, 8),)},
     "combine_one_tile_8h": {**TABLE,
                             "combine": TABLE["combine"][:2] + (Rule(_ANY, 256, 2048, 8),)},
+    "combine_per_rank_4k": {**TABLE, "combine": TABLE["combine"][:2] + (
+        Rule(_ANY, 256, 4096, 8, per_rank=True),)},
 }
 
 OVERRIDES: dict[str, Launch] = {}
@@ -108,25 +118,27 @@ def _fit(block: int, n: int) -> int:
     return max(1, min(block, next_pow2(n)))
 
 
-def launch(kind: str, batch: int, heads: int, head_lanes: int) -> Launch:
+def launch(kind: str, batch: int, heads: int, head_lanes: int, ranks: int = 1) -> Launch:
     """The launch for kernel ``kind`` over ``batch`` tokens of ``heads`` heads of
-    ``head_lanes`` lanes (the table's rules select on the rows, batch x heads)."""
+    ``head_lanes`` lanes, in a group of ``ranks`` (the rules select on the rows, batch x
+    heads)."""
     if kind in OVERRIDES:
         o = OVERRIDES[kind]
         return Launch(_fit(o.block_h, heads), min(o.block_d, next_pow2(head_lanes)),
                       o.num_warps, o.stream, _fit(o.block_b, batch))
     if _env.INTERPRET:
-        return INTERPRETER[kind].launch(batch, heads, head_lanes)
+        return INTERPRETER[kind].launch(batch, heads, head_lanes, ranks)
     rule = next(r for r in ACTIVE[kind] if batch * heads <= r.max_rows)
-    return rule.launch(batch, heads, head_lanes)
+    return rule.launch(batch, heads, head_lanes, ranks)
 
 
-def every_launch(kind: str, batch: int, heads: int, head_lanes: int) -> list[Launch]:
+def every_launch(kind: str, batch: int, heads: int, head_lanes: int,
+                 ranks: int = 1) -> list[Launch]:
     """Every launch any rule of the table (and the interpreter's) gives this problem,
     whatever rule its row count selects."""
     seen = []
     for rule in ACTIVE[kind] + (INTERPRETER[kind],):
-        cfg = rule.launch(batch, heads, head_lanes)
+        cfg = rule.launch(batch, heads, head_lanes, ranks)
         if cfg not in seen:
             seen.append(cfg)
     return seen
@@ -137,7 +149,7 @@ def pack_launch(batch: int, heads: int, head_lanes: int) -> Launch:
 
 
 def combine_launch(ranks: int, batch: int, heads: int, head_lanes: int) -> Launch:
-    return launch("combine", batch, heads, head_lanes)
+    return launch("combine", batch, heads, head_lanes, ranks)
 
 
 def scale_launch(ranks: int, batch: int, heads: int, head_lanes: int) -> Launch:

@@ -34,11 +34,11 @@ def _grid(device):
             yield shape, dt
 
 
-def _configs(b, heads, hpr, d, dtype):
+def _configs(b, heads, n, d, dtype):
     """Per run, an override for each kernel: the i-th configuration of each kind's list."""
     lanes = d // 2 if dtype != torch.float32 and d % 2 == 0 else d
     lists = {"pack": tuning.every_launch("pack", b, heads, lanes),
-             "combine": tuning.every_launch("combine", b, hpr, lanes),
+             "combine": tuning.every_launch("combine", b, heads // n, lanes, n),
              "scale": tuning.every_launch("scale", b, heads, d)}
     runs = max(len(v) for v in lists.values())
     return [{k: v[i % len(v)] for k, v in lists.items()} for i in range(runs)]
@@ -65,7 +65,7 @@ def test_every_launch_gives_the_same_bits(device, base_e):
         parts = [rank_partial(7, case, r, shape, dtype, 4.0, device) for r in range(n)]
         outs, lses = [p[0] for p in parts], [p[1] for p in parts]
         first = None
-        for cfg in _configs(shape.b, shape.h, shape.h // n, shape.d, dtype):
+        for cfg in _configs(shape.b, shape.h, n, shape.d, dtype):
             tuning.OVERRIDES.update(cfg)
             try:
                 res = _all_backends(outs, lses, base_e)
