@@ -10,7 +10,7 @@ in one run; docs/perf.md records what was tried and why these rows won.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .. import _env
 from ._host import next_pow2, prev_pow2
@@ -22,7 +22,7 @@ class Launch:
     block_d: int
     num_warps: int
     stream: bool = False  # streaming cache hints: evict-first loads, .cs stores
-    block_b: int = 1  # tokens a program (a power of two)
+    block_b: int = 1  # tokens a program (a power of two; > 1 only in the interpreter, see below)
 
     def grid(self, batch: int, heads: int) -> tuple[int, int]:
         return (-(-batch // self.block_b), -(-heads // self.block_h))
@@ -106,6 +106,8 @@ CANDIDATES: dict[str, dict[str, tuple[Rule, ...]]] = {
                             "combine": TABLE["combine"][:2] + (Rule(_ANY, 256, 2048, 8),)},
     "combine_per_rank_4k": {**TABLE, "combine": TABLE["combine"][:2] + (
         Rule(_ANY, 256, 4096, 8, per_rank=True),)},
+    # pack at large batches with 16 warps (a sweep of the two target shapes, third pass)
+    "pack_16w": {**TABLE, "pack": (TABLE["pack"][0], Rule(_ANY, 1024, 4096, 16))},
 }
 
 OVERRIDES: dict[str, Launch] = {}
@@ -118,18 +120,26 @@ def _fit(block: int, n: int) -> int:
     return max(1, min(block, next_pow2(n)))
 
 
+def _compiled(cfg: Launch) -> Launch:
+    """One token a program when compiled. Several (BLOCK_B > 1) exist for the interpreter's
+    sake; compiled, the pack with BLOCK_B = 2 stopped on a misaligned address on an H200
+    (Triton 3.6 vectorised a store over the flattened token x head index), so no compiled
+    launch uses them."""
+    return cfg if _env.INTERPRET or cfg.block_b == 1 else replace(cfg, block_b=1)
+
+
 def launch(kind: str, batch: int, heads: int, head_lanes: int, ranks: int = 1) -> Launch:
     """The launch for kernel ``kind`` over ``batch`` tokens of ``heads`` heads of
     ``head_lanes`` lanes, in a group of ``ranks`` (the rules select on the rows, batch x
     heads)."""
     if kind in OVERRIDES:
         o = OVERRIDES[kind]
-        return Launch(_fit(o.block_h, heads), min(o.block_d, next_pow2(head_lanes)),
-                      o.num_warps, o.stream, _fit(o.block_b, batch))
+        return _compiled(Launch(_fit(o.block_h, heads), min(o.block_d, next_pow2(head_lanes)),
+                                o.num_warps, o.stream, _fit(o.block_b, batch)))
     if _env.INTERPRET:
         return INTERPRETER[kind].launch(batch, heads, head_lanes, ranks)
     rule = next(r for r in ACTIVE[kind] if batch * heads <= r.max_rows)
-    return rule.launch(batch, heads, head_lanes, ranks)
+    return _compiled(rule.launch(batch, heads, head_lanes, ranks))
 
 
 def every_launch(kind: str, batch: int, heads: int, head_lanes: int,
@@ -138,7 +148,7 @@ def every_launch(kind: str, batch: int, heads: int, head_lanes: int,
     whatever rule its row count selects."""
     seen = []
     for rule in ACTIVE[kind] + (INTERPRETER[kind],):
-        cfg = rule.launch(batch, heads, head_lanes, ranks)
+        cfg = _compiled(rule.launch(batch, heads, head_lanes, ranks))
         if cfg not in seen:
             seen.append(cfg)
     return seen
