@@ -122,7 +122,7 @@ def pack_to_peers(out, lse, tables, seq_lens=None, query_start_loc=None) -> None
     sl, qsl, num_seqs, steps, has_mask = mask_args(seq_lens, query_start_loc, out)
     src, lanes, lanes_p, paired = lanes_of(out, tables.lse_lanes)
     recv = tables.recv_lanes(paired)
-    cfg = pack_launch(B, H, lanes)
+    cfg = pack_launch(B, H, lanes, tables.world_size)
     _pack_to_peers_kernel[cfg.grid(B, H)](
         src, lse, recv, tables.peer_recv_ptrs, tables.peer_flag_ptrs, tables.counter,
         tables.epoch, sl, qsl,

@@ -135,7 +135,7 @@ def pack(out, lse, send, h_per_rank, seq_lens=None, query_start_loc=None) -> Non
     sl, qsl, num_seqs, steps, has_mask = mask_args(seq_lens, query_start_loc, out)
     src, lanes, lanes_p, paired = lanes_of(out, send.shape[-1] - D)
     dst = send.view(torch.int32) if paired else bits(send)
-    cfg = pack_launch(B, H, lanes)
+    cfg = pack_launch(B, H, lanes, H // h_per_rank)
     _pack_kernel[cfg.grid(B, H)](
         src, lse, dst, sl, qsl,
         B, H, h_per_rank, lanes, num_seqs, steps,

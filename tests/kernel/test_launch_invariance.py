@@ -37,7 +37,7 @@ def _grid(device):
 def _configs(b, heads, n, d, dtype):
     """Per run, an override for each kernel: the i-th configuration of each kind's list."""
     lanes = d // 2 if dtype != torch.float32 and d % 2 == 0 else d
-    lists = {"pack": tuning.every_launch("pack", b, heads, lanes),
+    lists = {"pack": tuning.every_launch("pack", b, heads, lanes, n),
              "combine": tuning.every_launch("combine", b, heads // n, lanes, n),
              "scale": tuning.every_launch("scale", b, heads, d)}
     runs = max(len(v) for v in lists.values())

@@ -28,7 +28,7 @@ def test_compiled_launches_keep_one_token_a_program(compiled, monkeypatch):
     BLOCK_B = 1: the multi-token programs are the interpreter's only."""
     monkeypatch.setitem(tuning.OVERRIDES, "scale", tuning.Launch(4, 64, 4, block_b=8))
     for b, h, lanes, n in SHAPES:
-        for kind, heads, ranks in (("pack", h, 1), ("combine", h // n, n), ("scale", h, 1)):
+        for kind, heads, ranks in (("pack", h, n), ("combine", h // n, n), ("scale", h, 1)):
             cfgs = [tuning.launch(kind, b, heads, lanes, ranks)]
             cfgs += tuning.every_launch(kind, b, heads, lanes, ranks)
             assert all(c.block_b == 1 for c in cfgs), (kind, b, heads, lanes, cfgs)
@@ -39,7 +39,7 @@ def test_interpreter_combine_spans_tokens_and_pack_does_not(interpreted):
     aliasing staging buffer corrupts bytes on the CPU as on a GPU)."""
     comb = tuning.launch("combine", 1024, 1, 4, 2)
     assert comb.block_b * comb.block_h >= 512 and comb.grid(1024, 1)[0] <= 2
-    pack = tuning.launch("pack", 1024, 2, 4)
+    pack = tuning.launch("pack", 1024, 2, 4, 2)
     assert pack.block_b == 1 and pack.grid(1024, 2) == (1024, 1)
 
 
@@ -49,3 +49,12 @@ def test_large_combine_lanes_shrink_with_the_group(compiled, n):
     flight), the head in one tile: D=512 bf16 (256 words) gives 8 / 4 heads at N = 4 / 8."""
     cfg = tuning.launch("combine", 8192, 64 // n, 256, n)
     assert cfg.block_d == 256 and cfg.block_h * cfg.block_d == min(8192 // n, 256 * (64 // n))
+
+
+@pytest.mark.parametrize("h, n, warps", [(64, 4, 16), (128, 8, 16), (64, 8, 8), (32, 4, 8)])
+def test_large_pack_warps_follow_the_peer_slab(compiled, h, n, warps):
+    """From 64k rows a pack program of 16 heads x 256 words runs 16 warps when the 16 heads
+    are one peer's (H/N >= 16), 8 when they straddle two peers."""
+    cfg = tuning.launch("pack", 8192, h, 256, n)
+    assert (cfg.block_h, cfg.block_d, cfg.num_warps) == (16, 256, warps)
+    assert tuning.launch("pack", 256, h, 256, n).num_warps == 8  # 16k-32k rows: 8 warps
