@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._host import as_words, bits, needs_int64, next_pow2
+from ._host import as_words, bits, needs_int64
 from .tuning import combine_launch, scale_launch
 from .merge_math import (
     NO_CONTRACTION,
@@ -28,7 +28,6 @@ from .merge_math import (
     load_f32,
     merge_weights,
     program_rows,
-    rank_row,
     split_pair_f32,
     store_from_f32,
     weighted_term,
@@ -36,59 +35,67 @@ from .merge_math import (
 
 
 @triton.jit
-def _load_lse_tile(data_bits_ptr, lse_ptr, b, h, n, m,
-                   s_dn, s_db, s_dh, s_ln, s_lb, s_lh, D,
-                   LSE_LANES: tl.constexpr):
-    """[BLOCK_N, rows] fp32 LSEs of the rows (b, h); -inf where masked."""
-    if LSE_LANES == 0:
-        lse = tl.load(lse_ptr + n[:, None] * s_ln + (b * s_lb + h * s_lh)[None, :],
-                      mask=m, other=float("-inf"))
-    else:
-        lane = data_bits_ptr + n[:, None] * s_dn + (b * s_db + h * s_dh)[None, :] + D
-        if LSE_LANES == 1:
-            lse_bits = tl.load(lane, mask=m, other=0)
+def _load_lses(data_bits_ptr, lse_ptr, b, h, row_ok,
+               s_dn, s_db, s_dh, s_ln, s_lb, s_lh, D,
+               N: tl.constexpr, LSE_LANES: tl.constexpr):
+    """The fp32 LSEs of the rows (b, h) from each of the N ranks: a tuple of N [rows]
+    vectors, -inf where the row does not exist."""
+    lses = ()
+    for r in tl.static_range(N):
+        if LSE_LANES == 0:
+            lse = tl.load(lse_ptr + r * s_ln + b * s_lb + h * s_lh, mask=row_ok,
+                          other=float("-inf"))
         else:
-            lo = tl.load(lane, mask=m, other=0).to(tl.int32) & 0xFFFF
-            hi = tl.load(lane + 1, mask=m, other=0).to(tl.int32)
-            lse_bits = (hi << 16) | lo
-        lse = tl.where(m, lse_bits.to(tl.float32, bitcast=True), float("-inf"))
-    return lse
+            lane = data_bits_ptr + r * s_dn + b * s_db + h * s_dh + D
+            if LSE_LANES == 1:
+                lse_bits = tl.load(lane, mask=row_ok, other=0)
+            else:
+                lo = tl.load(lane, mask=row_ok, other=0).to(tl.int32) & 0xFFFF
+                hi = tl.load(lane + 1, mask=row_ok, other=0).to(tl.int32)
+                lse_bits = (hi << 16) | lo
+            lse = tl.where(row_ok, lse_bits.to(tl.float32, bitcast=True), float("-inf"))
+        lses = lses + (lse,)
+    return lses
 
 
 @triton.jit
-def _load_lanes(data_ptr, data_bits_ptr, offs, mask, IS_BF16: tl.constexpr,
-                PAIRS: tl.constexpr, STREAM: tl.constexpr):
-    """One rank's [rows, BLOCK_D] tile of output lanes as fp32: (lo, hi) where a PAIRS word
-    holds two 16-bit values, else (value, unused)."""
-    if PAIRS:
-        if STREAM:
-            w = tl.load(data_bits_ptr + offs, mask=mask, other=0, eviction_policy="evict_first")
+def _load_ranks(data_ptr, data_bits_ptr, src_row, d, md, s_dn, s_dd,
+                N: tl.constexpr, IS_BF16: tl.constexpr, PAIRS: tl.constexpr,
+                STREAM: tl.constexpr):
+    """The [rows, BLOCK_D] tiles of lanes ``d`` of all N ranks, as a tuple indexed by rank:
+    32-bit words where PAIRS (two 16-bit values each), else fp32 values. All N loads are
+    issued here, before any arithmetic that waits on them."""
+    tiles = ()
+    for r in tl.static_range(N):
+        offs = r * s_dn + src_row[:, None] + d[None, :] * s_dd
+        if PAIRS:
+            if STREAM:
+                w = tl.load(data_bits_ptr + offs, mask=md, other=0,
+                            eviction_policy="evict_first")
+            else:
+                w = tl.load(data_bits_ptr + offs, mask=md, other=0)
         else:
-            w = tl.load(data_bits_ptr + offs, mask=mask, other=0)
-        lo, hi = split_pair_f32(w, IS_BF16)
-    else:
-        lo = load_f32(data_ptr, data_bits_ptr, offs, mask, IS_BF16)
-        hi = lo
-    return lo, hi
+            w = load_f32(data_ptr, data_bits_ptr, offs, md, IS_BF16)
+        tiles = tiles + (w,)
+    return tiles
 
 
 @triton.jit
-def _combine_tile(data_ptr, data_bits_ptr, out_ptr, out_bits_ptr, scale, n, src_row, row_ok,
-                  out_row, d0, D, s_dn, s_dd,
-                  N: tl.constexpr, IS_BF16: tl.constexpr, PAIRS: tl.constexpr,
-                  ROWS: tl.constexpr, BLOCK_D: tl.constexpr, STREAM: tl.constexpr):
-    """Lanes [d0, d0 + BLOCK_D) of the merged rows."""
-    d = d0 + tl.arange(0, BLOCK_D)
-    md = row_ok[:, None] & (d < D)[None, :]
+def _merge_ranks(tiles, out_ptr, out_bits_ptr, scales, out_row, d, md,
+                 N: tl.constexpr, IS_BF16: tl.constexpr, PAIRS: tl.constexpr,
+                 ROWS: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Store sum_r scale_r * tiles[r], added in rank order 0..N-1 (the order merge_weights
+    sums the weights in)."""
     acc = tl.zeros((ROWS, BLOCK_D), dtype=tl.float32)
     acc_hi = tl.zeros((ROWS, BLOCK_D), dtype=tl.float32)  # PAIRS only
     for r in tl.static_range(N):
-        sc = rank_row(scale, n, r)[:, None]
-        offs = r * s_dn + src_row[:, None] + d[None, :] * s_dd
-        lo, hi = _load_lanes(data_ptr, data_bits_ptr, offs, md, IS_BF16, PAIRS, STREAM)
-        acc = add_weighted(acc, sc, lo)
+        sc = scales[r][:, None]
         if PAIRS:
+            lo, hi = split_pair_f32(tiles[r], IS_BF16)
+            acc = add_weighted(acc, sc, lo)
             acc_hi = add_weighted(acc_hi, sc, hi)
+        else:
+            acc = add_weighted(acc, sc, tiles[r])
     offs_out = out_row[:, None] + d[None, :]
     if PAIRS:
         tl.store(out_bits_ptr + offs_out, join_pair_from_f32(acc, acc_hi, IS_BF16), mask=md)
@@ -103,7 +110,7 @@ def combine_rows(
     s_dn, s_db, s_dh, s_dd, s_ln, s_lb, s_lh,
     N: tl.constexpr, LSE_LANES: tl.constexpr, BASE_E: tl.constexpr,
     RETURN_LSE: tl.constexpr, IS_BF16: tl.constexpr, PAIRS: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_H: tl.constexpr,
+    BLOCK_B: tl.constexpr, BLOCK_H: tl.constexpr,
     BLOCK_D: tl.constexpr, STREAM: tl.constexpr, ONE_TILE: tl.constexpr, WIDE: tl.constexpr,
 ):
     """out[b, h, :] = sum_r scale_r * data[r, b, h, :] for this program's rows (BLOCK_B tokens
@@ -116,27 +123,32 @@ def combine_rows(
     ONE_TILE: the head fits one BLOCK_D tile (no loop over it); WIDE: index in int64 (some
     offset may pass 2^31), else int32."""
     b, h, row_ok = program_rows(B, HPR, BLOCK_B, BLOCK_H, WIDE)
-    n = tl.arange(0, BLOCK_N)
-    m = (n < N)[:, None] & row_ok[None, :]
-    lse = _load_lse_tile(data_bits_ptr, lse_ptr, b, h, n, m,
-                         s_dn, s_db, s_dh, s_ln, s_lb, s_lh, D, LSE_LANES)
-    scale, g = merge_weights(lse, n, BASE_E, BLOCK_N)
-
-    # The rank loop is unrolled (N is a constexpr: one compile per group size) so the N loads
-    # of a tile can all be in flight, and it adds the ranks in the order 0..N-1 that
-    # merge_weights uses. (One [BLOCK_N, BLOCK_H, BLOCK_D] tile was tried: slower at every
-    # shape; docs/perf.md.)
     src_row = b * s_db + h * s_dh
     out_row = (b * HPR + h) * D
     ROWS: tl.constexpr = BLOCK_B * BLOCK_H
+    lses = _load_lses(data_bits_ptr, lse_ptr, b, h, row_ok,
+                      s_dn, s_db, s_dh, s_ln, s_lb, s_lh, D, N, LSE_LANES)
+    # The rank loops are unrolled (N is a constexpr: one compile per group size), and a tile's
+    # data is loaded before the weights are computed, so the LSEs and all N data loads can be
+    # in flight together. (One [BLOCK_N, BLOCK_H, BLOCK_D] tile was tried: slower at every
+    # shape; docs/perf.md.)
     if ONE_TILE:
-        _combine_tile(data_ptr, data_bits_ptr, out_ptr, out_bits_ptr, scale, n, src_row, row_ok,
-                      out_row, 0, D, s_dn, s_dd, N, IS_BF16, PAIRS, ROWS, BLOCK_D, STREAM)
+        d = tl.arange(0, BLOCK_D)
+        md = row_ok[:, None] & (d < D)[None, :]
+        tiles = _load_ranks(data_ptr, data_bits_ptr, src_row, d, md, s_dn, s_dd,
+                            N, IS_BF16, PAIRS, STREAM)
+        scales, g = merge_weights(lses, N, BASE_E)
+        _merge_ranks(tiles, out_ptr, out_bits_ptr, scales, out_row, d, md,
+                     N, IS_BF16, PAIRS, ROWS, BLOCK_D)
     else:
+        scales, g = merge_weights(lses, N, BASE_E)
         for d0 in range(0, D, BLOCK_D):
-            _combine_tile(data_ptr, data_bits_ptr, out_ptr, out_bits_ptr, scale, n, src_row,
-                          row_ok, out_row, d0, D, s_dn, s_dd,
-                          N, IS_BF16, PAIRS, ROWS, BLOCK_D, STREAM)
+            d = d0 + tl.arange(0, BLOCK_D)
+            md = row_ok[:, None] & (d < D)[None, :]
+            tiles = _load_ranks(data_ptr, data_bits_ptr, src_row, d, md, s_dn, s_dd,
+                                N, IS_BF16, PAIRS, STREAM)
+            _merge_ranks(tiles, out_ptr, out_bits_ptr, scales, out_row, d, md,
+                         N, IS_BF16, PAIRS, ROWS, BLOCK_D)
     if RETURN_LSE:
         tl.store(lse_out_ptr + b * HPR + h, g, mask=row_ok)
 
@@ -144,20 +156,23 @@ def combine_rows(
 @triton.jit
 def _scale_kernel(
     out_ptr, out_bits_ptr, lse_all_ptr, dst_ptr, dst_bits_ptr, lse_out_ptr,
-    N, B, H, HPR, D, rank,
+    B, H, HPR, D, rank,
     s_ob, s_oh, s_od,
-    BASE_E: tl.constexpr, RETURN_LSE: tl.constexpr, IS_BF16: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+    N: tl.constexpr, BASE_E: tl.constexpr, RETURN_LSE: tl.constexpr, IS_BF16: tl.constexpr,
+    BLOCK_B: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     """AG+RS local step: dst[h // HPR, b, h % HPR, :] = exp(s_rank - g) * out[b, h, :], for
     this program's rows (b, h)."""
     b, h, row_ok = program_rows(B, H, BLOCK_B, BLOCK_H, True)
-    n = tl.arange(0, BLOCK_N)
-    m = (n < N)[:, None] & row_ok[None, :]
-    lse = tl.load(lse_all_ptr + (n[:, None] * B + b) * H + h[None, :], mask=m,
-                  other=float("-inf"))
-    scale, g = merge_weights(lse, n, BASE_E, BLOCK_N)
-    sc = rank_row(scale, n, rank)[:, None]
+    lses = ()
+    for r in tl.static_range(N):
+        lses = lses + (tl.load(lse_all_ptr + (r * B + b) * H + h, mask=row_ok,
+                               other=float("-inf")),)
+    scales, g = merge_weights(lses, N, BASE_E)
+    sc = tl.zeros_like(g)
+    for r in tl.static_range(N):  # this rank's weight (the rank is a run-time value)
+        sc = tl.where(rank == r, scales[r], sc)
+    sc = sc[:, None]
     dst_row = ((h // HPR) * B + b) * HPR + h % HPR
     for d0 in range(0, D, BLOCK_D):
         d = d0 + tl.arange(0, BLOCK_D)
@@ -194,7 +209,7 @@ def combine_launch_args(data, data_bits, lse, N, B, hpr, D, lse_lanes, return_ls
             src.stride(0), src.stride(1), src.stride(2), src.stride(3), *lse_strides)
     kw = dict(N=N, LSE_LANES=lse_lanes, BASE_E=is_lse_base_on_e, RETURN_LSE=return_lse,
               IS_BF16=data.dtype == torch.bfloat16, PAIRS=words is not None,
-              BLOCK_N=next_pow2(N), BLOCK_B=cfg.block_b, BLOCK_H=cfg.block_h,
+              BLOCK_B=cfg.block_b, BLOCK_H=cfg.block_h,
               BLOCK_D=cfg.block_d, STREAM=cfg.stream,
               ONE_TILE=cfg.block_d >= lanes,
               WIDE=needs_int64(src, out) or (lse is not None and needs_int64(lse)),
@@ -241,10 +256,10 @@ def scale_for_reduce_scatter(out, lse_all, rank, return_lse, is_lse_base_on_e, d
     cfg = scale_launch(N, B, H, D)
     _scale_kernel[cfg.grid(B, H)](
         out, bits(out), lse_all.contiguous(), dst, bits(dst), lse_out,
-        N, B, H, hpr, D, rank,
+        B, H, hpr, D, rank,
         out.stride(0), out.stride(1), out.stride(2),
-        BASE_E=is_lse_base_on_e, RETURN_LSE=return_lse, IS_BF16=out.dtype == torch.bfloat16,
-        BLOCK_N=next_pow2(N), BLOCK_B=cfg.block_b, BLOCK_H=cfg.block_h, BLOCK_D=cfg.block_d,
+        N=N, BASE_E=is_lse_base_on_e, RETURN_LSE=return_lse, IS_BF16=out.dtype == torch.bfloat16,
+        BLOCK_B=cfg.block_b, BLOCK_H=cfg.block_h, BLOCK_D=cfg.block_d,
         num_warps=cfg.num_warps, **NO_CONTRACTION,
     )
     return lse_out

@@ -73,42 +73,52 @@ def row_is_empty(b, seq_lens_ptr, qsl_ptr, num_seqs, search_steps):
 
 
 @triton.jit
-def rank_row(tile, n, r):
-    """Row ``r`` of a [BLOCK_N, ROWS] tile as a [ROWS] vector: a sum of that row and zeros,
-    so exact whatever order the reduction takes."""
-    return tl.sum(tl.where((n == r)[:, None], tile, 0.0), axis=0)
+def _exp(x, BASE_E: tl.constexpr):
+    if BASE_E:
+        return tl.exp(x)
+    else:
+        return tl.exp2(x)
 
 
 @triton.jit
-def merge_weights(lse, n, BASE_E: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Normalised merge weights and merged LSE for a [BLOCK_N, ROWS] fp32 tile of LSEs
-    (``n = tl.arange(0, BLOCK_N)``; masked-out rows must be loaded as -inf).
+def merge_weights(lses, N: tl.constexpr, BASE_E: tl.constexpr):
+    """Normalised merge weights and merged LSE of N ranks' fp32 LSEs, ``lses`` a tuple of N
+    [ROWS] vectors in rank order (masked-out rows loaded as -inf).
 
-    Returns (scale[BLOCK_N, ROWS], g[ROWS]): scale_n = exp(s_n - m) / sum_k exp(s_k - m)
-    with m the row max (the global-max formulation), exactly 0 where the weight underflows or
-    s_n is -inf/NaN/+inf. Every rounding happens in a fixed order: the max is exact in any
-    order, and the sum runs over ranks 0, 1, ..., N-1 one addition at a time, so the result
-    does not depend on how a launch configuration lays the tile out over threads.
+    Returns (scales, g): a tuple of N [ROWS] vectors, scale_n = exp(s_n - m) / sum_k
+    exp(s_k - m) with m the row max (the global-max formulation), exactly 0 where the weight
+    underflows or s_n is -inf/NaN/+inf; and g[ROWS] = m + log(sum). Every rounding happens in a
+    fixed order: the max is exact in any order, and the sum runs over ranks 0, 1, ..., N-1 one
+    addition at a time, so the result does not depend on how a launch configuration lays the
+    rows out over threads. Each thread holds every rank's LSE of its rows, so nothing here
+    crosses threads (a [N, ROWS] tile reduced over N was a chain of warp shuffles that the
+    compiler put in front of the data loads).
     """
-    lse = tl.where((lse != lse) | (lse == float("inf")), float("-inf"), lse)
-    m = tl.max(lse, axis=0)
+    clean = ()
+    for r in tl.static_range(N):
+        x = lses[r]
+        clean = clean + (tl.where((x != x) | (x == float("inf")), float("-inf"), x),)
+    m = clean[0]
+    for r in tl.static_range(1, N):
+        m = tl.maximum(m, clean[r])
     # Shift by the row max so the largest weight is exactly 1 and nothing overflows; an
     # all -inf row shifts by 0 so that exp gives 0 rather than exp(-inf - -inf) = NaN.
     m_safe = tl.where(m == float("-inf"), 0.0, m)
-    if BASE_E:
-        w = tl.exp(lse - m_safe[None, :])
-    else:
-        w = tl.exp2(lse - m_safe[None, :])
+    w = ()
     s = tl.zeros_like(m_safe)
-    for r in tl.static_range(BLOCK_N):  # rows past N hold 0: adding them is exact
-        s = s + rank_row(w, n, r)
+    for r in tl.static_range(N):
+        w_r = _exp(clean[r] - m_safe, BASE_E)
+        w = w + (w_r,)
+        s = s + w_r
     s_safe = tl.where(s > 0, s, 1.0)
-    scale = tl.where(w > 0, w / s_safe[None, :], 0.0)
+    scales = ()
+    for r in tl.static_range(N):
+        scales = scales + (tl.where(w[r] > 0, w[r] / s_safe, 0.0),)
     if BASE_E:
         g = m + tl.log(s_safe)
     else:
         g = m + tl.log2(s_safe)
-    return scale, g
+    return scales, g
 
 
 @triton.jit

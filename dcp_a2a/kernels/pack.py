@@ -48,18 +48,21 @@ def write_rows(
     is false are skipped): ``dst_row[i]`` points at the first lane of row i on the
     wire (D output lanes, then P LSE lanes). ``ONE_TILE``: the head fits in one BLOCK_D tile
     (decode shapes), so no loop over it."""
+    # The LSE is loaded before any store: the compiler cannot move a load above a store that
+    # may alias it, and loaded after the copy it was a second memory round trip in series
+    # with the first (the whole time of a decode-size launch is about two such trips).
+    lse = tl.load(lse_ptr + b * s_lb + h * s_lh, mask=row_ok).to(tl.float32)
+    if HAS_MASK:
+        empty = row_is_empty(b, seq_lens_ptr, qsl_ptr, num_seqs, steps)
+        lse = tl.where(empty, float("-inf"), lse)
+    lse_bits = lse.to(tl.int32, bitcast=True)
+
     src_row = b * s_ob + h * s_oh
     if ONE_TILE:
         _copy_tile(out_bits_ptr, dst_row, src_row, 0, D, row_ok, s_od, BLOCK_D, STREAM)
     else:
         for d0 in range(0, D, BLOCK_D):
             _copy_tile(out_bits_ptr, dst_row, src_row, d0, D, row_ok, s_od, BLOCK_D, STREAM)
-
-    lse = tl.load(lse_ptr + b * s_lb + h * s_lh, mask=row_ok).to(tl.float32)
-    if HAS_MASK:
-        empty = row_is_empty(b, seq_lens_ptr, qsl_ptr, num_seqs, steps)
-        lse = tl.where(empty, float("-inf"), lse)
-    lse_bits = lse.to(tl.int32, bitcast=True)
     if P == 1:
         tl.store(dst_row + D, lse_bits, mask=row_ok)
     else:
