@@ -63,12 +63,15 @@ class Rule:
 _ANY = float("inf")
 # Lanes count 32-bit words on the paired path (16-bit dtypes, even D): D=512 bf16 is 256 lanes.
 TABLE: dict[str, tuple[Rule, ...]] = {
-    # decode: one head per program, 2 warps, for latency (a 512-lane rule gave 16 heads a
-    # program at D=64: one program for B=1 H=16, 1.3x the straightforward design's time);
-    # large batches: 4096 lanes a program (16 heads x 256 words at D=512 bf16), and from 64k
-    # rows 16 warps where those heads are one peer's slab (3 % faster at all 18 such points of
-    # the grid, up to 38 % slower where a program's heads straddle two peers)
-    "pack": (Rule(1024, 1024, 1, 2), Rule(32768, 1024, 4096, 8),
+    # (docs/perf.md, fourth pass: a sweep of heads a program x warps at every grid point)
+    # up to 256 rows 256 lanes a program, 4 warps; up to 1024 rows 512 lanes, 4 warps (a
+    # D=512 bf16 head is 256 lanes: one or two heads a program); up to 64k rows 512 lanes and
+    # one warp (16 lanes a thread: many small programs, which the sweep found best from 2k to
+    # 64k rows, where 4096-lane programs left the GPU part idle: up to 1.14x the
+    # straightforward design's time); above, 4096 lanes a program (16 heads x 256 words),
+    # 16 warps where those heads are one peer's slab (3 % faster at all 18 such points of the
+    # grid, up to 38 % slower where a program's heads straddle two peers)
+    "pack": (Rule(256, 1024, 256, 4), Rule(1024, 1024, 512, 4), Rule(65536, 1024, 512, 1),
              Rule(_ANY, 1024, 4096, 8, one_peer_warps=16)),
     # one head per program while that keeps the GPU busy (8 warps at the smallest sizes, 4 up to
     # 16k rows: as many programs as the straightforward design, which otherwise won at B 32-128);
@@ -115,8 +118,12 @@ CANDIDATES: dict[str, dict[str, tuple[Rule, ...]]] = {
     "combine_per_rank_4k": {**TABLE, "combine": TABLE["combine"][:2] + (
         Rule(_ANY, 256, 4096, 8, per_rank=True),)},
     # pack at large batches: 8 warps (the table until then), 16 warps whatever the peers
-    "pack_8w": {**TABLE, "pack": (TABLE["pack"][0], Rule(_ANY, 1024, 4096, 8))},
-    "pack_16w": {**TABLE, "pack": (TABLE["pack"][0], Rule(_ANY, 1024, 4096, 16))},
+    "pack_8w": {**TABLE, "pack": (Rule(1024, 1024, 1, 2), Rule(_ANY, 1024, 4096, 8))},
+    "pack_16w": {**TABLE, "pack": (Rule(1024, 1024, 1, 2), Rule(_ANY, 1024, 4096, 16))},
+    # the pack rules of the third pass (one head a program and 2 warps up to 1024 rows, 4096
+    # lanes and 8 warps above)
+    "pack_third_pass": {**TABLE, "pack": (Rule(1024, 1024, 1, 2), Rule(32768, 1024, 4096, 8),
+                                          Rule(_ANY, 1024, 4096, 8, one_peer_warps=16))},
 }
 
 OVERRIDES: dict[str, Launch] = {}
