@@ -37,7 +37,9 @@ class Rule:
     ``per_rank``, ``lanes`` counts the loads of all N ranks (the combine reads N lanes for each
     lane it writes): a program gets ``lanes / N`` output lanes, so its bytes in flight do not
     grow with N. ``one_peer_warps``: the warps of a program whose heads all go to one peer
-    (BLOCK_H <= H/N; the pack then writes one contiguous slab of the wire)."""
+    (BLOCK_H <= H/N; the pack then writes one contiguous slab of the wire); with it, a full
+    program whose heads would straddle two peers (BLOCK_H = 2 H/N) takes one peer's H/N heads
+    instead, at ``num_warps``."""
 
     max_rows: float
     block_d_cap: int
@@ -55,8 +57,11 @@ class Rule:
         block_h = _fit(rows, heads)
         block_b = _fit(rows // block_h, batch) if self.span_tokens else 1
         warps = self.num_warps
-        if self.one_peer_warps and block_h <= heads // ranks:
+        slab = heads // ranks  # heads a peer gets
+        if self.one_peer_warps and block_h <= slab:
             warps = self.one_peer_warps
+        elif self.one_peer_warps and block_h == 2 * slab and block_h * block_d == lanes:
+            block_h = slab  # a full program that straddled two peers: one peer's slab instead
         return Launch(block_h, block_d, warps, self.stream, block_b)
 
 
@@ -70,7 +75,8 @@ TABLE: dict[str, tuple[Rule, ...]] = {
     # 64k rows, where 4096-lane programs left the GPU part idle: up to 1.14x the
     # straightforward design's time); above, 4096 lanes a program (16 heads x 256 words),
     # 16 warps where those heads are one peer's slab (3 % faster at all 18 such points of the
-    # grid, up to 38 % slower where a program's heads straddle two peers)
+    # grid, up to 38 % slower where a program's heads straddle two peers; those take one
+    # peer's slab, 8 warps: B=8192 H=64 N=8 D=512 bf16 283.3 -> 277.5 us in the sweep)
     "pack": (Rule(256, 1024, 256, 4), Rule(1024, 1024, 512, 4), Rule(65536, 1024, 512, 1),
              Rule(_ANY, 1024, 4096, 8, one_peer_warps=16)),
     # one head per program while that keeps the GPU busy (8 warps at the smallest sizes, 4 up to

@@ -53,11 +53,17 @@ def test_large_combine_lanes_shrink_with_the_group(compiled, n):
     assert cfg.block_d == 256 and cfg.block_h * cfg.block_d == min(8192 // n, 256 * (64 // n))
 
 
-@pytest.mark.parametrize("h, n, warps", [(64, 4, 16), (128, 8, 16), (64, 8, 8), (32, 4, 8)])
-def test_large_pack_warps_follow_the_peer_slab(compiled, h, n, warps):
+@pytest.mark.parametrize("h, n, heads, warps", [(64, 4, 16, 16), (128, 8, 16, 16), (64, 8, 8, 8),
+                                                (32, 4, 8, 8)])
+def test_large_pack_programs_follow_the_peer_slab(compiled, h, n, heads, warps):
     """From 64k rows a pack program of 16 heads x 256 words runs 16 warps when the 16 heads
-    are one peer's (H/N >= 16), 8 when they straddle two peers."""
+    are one peer's (H/N >= 16); where they would straddle two peers (H/N = 8) it takes one
+    peer's 8 heads, 8 warps."""
     cfg = tuning.launch("pack", 8192, h, 256, n)
-    assert (cfg.block_h, cfg.block_d, cfg.num_warps) == (16, 256, warps)
+    assert (cfg.block_h, cfg.block_d, cfg.num_warps) == (heads, 256, warps)
+    # a program that is not full (64-lane heads: 64 of them) keeps its heads across peers
+    small = tuning.launch("pack", 8192, h, 64, n)
+    assert small.block_h == min(h, 64) and small.num_warps == (16 if small.block_h <= h // n
+                                                               else 8)
     # 4k-64k rows: 512 lanes (two such heads) and one warp a program
     assert astuple(tuning.launch("pack", 256, h, 256, n))[:3] == (2, 256, 1)
