@@ -1,0 +1,98 @@
+"""Print, as JSON, the PTX that Triton generates for an H100/H200 (sm_90) for the launches the
+table picks at a few shapes: ``{name: ptx}``. Needs no GPU (Triton compiles for a named
+target); run in its own process with ``TRITON_INTERPRET=0`` (test_codegen.py does).
+
+Each launch is captured rather than made: the kernel's ``run`` is replaced, the real host
+launcher is called on meta tensors (shapes and strides only), and the captured arguments are
+compiled the way Triton's launcher specialises them (ints equal to 1 become constants, ints
+divisible by 16 and every pointer carry the 16-divisibility hint).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+assert os.environ.get("TRITON_INTERPRET") == "0", "run with TRITON_INTERPRET=0"
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+from dcp_a2a.kernels import combine, pack  # noqa: E402
+
+_PTR = {torch.int16: "*i16", torch.int32: "*i32", torch.float32: "*fp32",
+        torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.int64: "*i64"}
+_OPTIONS = ("num_warps", "enable_fp_fusion")
+
+
+def _capture(kernel, launch):
+    """The (args, kwargs) ``launch()`` passes to ``kernel[grid](...)``."""
+    seen = []
+    kernel.run = lambda *args, grid=None, warmup=False, **kw: seen.append((args, kw))
+    try:
+        launch()
+    finally:
+        del kernel.run
+    (args, kw), = seen
+    return args, kw
+
+
+def _ptx(kernel, args, kw) -> str:
+    names = kernel.arg_names
+    sig, consts, attrs = {}, {}, {}
+    for i, name in enumerate(names):
+        if name in kw:
+            sig[name], consts[name] = "constexpr", kw[name]
+            continue
+        a = args[i]
+        if isinstance(a, torch.Tensor):
+            sig[name] = _PTR[a.dtype]
+            attrs[(i,)] = [["tt.divisibility", 16]]
+        elif isinstance(a, bool):
+            sig[name] = "i1"
+        elif a == 1:
+            sig[name], consts[name] = "constexpr", 1
+        else:
+            sig[name] = "i32" if abs(a) < 2**31 else "i64"
+            if a % 16 == 0:
+                attrs[(i,)] = [["tt.divisibility", 16]]
+    options = {k: kw[k] for k in _OPTIONS if k in kw}
+    src = ASTSource(kernel, signature=sig, constexprs=consts, attrs=attrs)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options).asm["ptx"]
+
+
+def _meta(*shape, dtype):
+    return torch.empty(shape, dtype=dtype, device="meta")
+
+
+def pack_ptx(b, h, d, n, dtype):
+    p = 1 if dtype == torch.float32 else 2
+    out, lse = _meta(b, h, d, dtype=dtype), _meta(b, h, dtype=torch.float32)
+    send = _meta(n, b, h // n, d + p, dtype=dtype)
+    args, kw = _capture(pack._pack_kernel, lambda: pack.pack(out, lse, send, h // n))
+    return _ptx(pack._pack_kernel, args, kw)
+
+
+def combine_ptx(b, h, d, n, dtype):
+    p = 1 if dtype == torch.float32 else 2
+    recv = _meta(n, b, h // n, d + p, dtype=dtype)
+    args, kw = _capture(combine.combine_rows,
+                        lambda: combine.combine_packed(recv, d, False, False))
+    return _ptx(combine.combine_rows, args, kw)
+
+
+SHAPES = {  # name: (B, H, D, N, dtype): a decode launch, a mid-size one, the large one
+    "decode": (1, 128, 512, 8, torch.bfloat16),
+    "mid_fp32": (256, 32, 512, 4, torch.float32),
+    "large": (8192, 64, 512, 4, torch.bfloat16),
+}
+
+if __name__ == "__main__":
+    ptx = {}
+    for name, shape in SHAPES.items():
+        ptx[f"pack_{name}"] = pack_ptx(*shape)
+        ptx[f"combine_{name}"] = combine_ptx(*shape)
+    json.dump(ptx, sys.stdout)
