@@ -10,6 +10,7 @@ from dcp_a2a.kernels._host import next_pow2, prev_pow2
 from dcp_a2a.testing.bench import _inputs, time_us, grid_points, copy_bandwidth
 from dcp_a2a.testing import straightforward as sf
 from dcp_a2a.ops import pack_send
+from dcp_a2a.kernels.pack import lanes_of
 
 t0 = time.time()
 budget = float(sys.argv[2])
@@ -24,7 +25,7 @@ for (b, h, n, d, dt) in order:
         break
     dtype, es, p, hpr, out, lse, send = _inputs(b, h, d, n, dt)
     nbytes = b * h * d * es + b * h * 4 + send.numel() * es
-    lanes = d // 2 if es == 2 and d % 2 == 0 else d
+    lanes = lanes_of(out, p)[1]  # as the pack moves them: 32-bit words where paired
     bd = min(next_pow2(lanes), 1024)
     rows = b * h
     Ls = (256, 512, 1024) if rows <= 1024 else (512, 1024, 2048, 4096)

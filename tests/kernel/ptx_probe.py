@@ -22,6 +22,7 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
 from dcp_a2a.kernels import combine, pack  # noqa: E402
+from dcp_a2a.wire import wire_shape  # noqa: E402
 
 _PTR = {torch.int16: "*i16", torch.int32: "*i32", torch.float32: "*fp32",
         torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.int64: "*i64"}
@@ -68,17 +69,19 @@ def _meta(*shape, dtype):
     return torch.empty(shape, dtype=dtype, device="meta")
 
 
+def _wire(b, h, d, n, dtype):
+    return _meta(*wire_shape(n, b, h // n, d, dtype), dtype=dtype)
+
+
 def pack_ptx(b, h, d, n, dtype):
-    p = 1 if dtype == torch.float32 else 2
     out, lse = _meta(b, h, d, dtype=dtype), _meta(b, h, dtype=torch.float32)
-    send = _meta(n, b, h // n, d + p, dtype=dtype)
+    send = _wire(b, h, d, n, dtype)
     args, kw = _capture(pack._pack_kernel, lambda: pack.pack(out, lse, send, h // n))
     return _ptx(pack._pack_kernel, args, kw)
 
 
 def combine_ptx(b, h, d, n, dtype):
-    p = 1 if dtype == torch.float32 else 2
-    recv = _meta(n, b, h // n, d + p, dtype=dtype)
+    recv = _wire(b, h, d, n, dtype)
     args, kw = _capture(combine.combine_rows,
                         lambda: combine.combine_packed(recv, d, False, False))
     return _ptx(combine.combine_rows, args, kw)
