@@ -6,6 +6,15 @@ the decode tables give each head its own program). The output lanes are moved as
 converted to float32 and its bits written into the P trailing lanes. Empty-shard masking (rows of
 requests with no local KV, and padding rows) is fused here: their LSE goes out as -inf.
 
+Two kernels write the same bytes. ``_pack_kernel`` writes the rows (b, h) one by one: its
+loads from ``out`` are 16-byte vectors, but a wire row of D + P lanes starts at no 16-byte
+boundary, so its stores are single lanes. ``_pack_slab_kernel`` (32-bit lanes with one LSE lane:
+fp32, or 16-bit outputs moved as words) writes G consecutive heads of one (peer, token) as one
+chunk of G * (W + 1) words, W the head's words; with G and H/N multiples of 4 every chunk starts
+on a 16-byte boundary, so it stores 16-byte vectors. Each vector's four words come from two
+aligned source vectors and the head's LSE, shuffled in registers. The launch table picks it for
+large problems (docs/perf.md, fifth pass).
+
 The launchers here trust their input: :func:`dcp_a2a.pack_send` and :func:`dcp_a2a.lse_reduce`
 check it first.
 """
@@ -18,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._host import as_words, bits, needs_int64, next_pow2, search_steps
+from ._host import as_words, bits, needs_int64, next_pow2, prev_pow2, search_steps
 from .merge_math import program_rows, row_is_empty
 from .tuning import pack_launch
 
@@ -106,6 +115,116 @@ def _lse_to_wire_kernel(
     tl.store(dst_ptr + (h // HPR) * s_dr + b * s_db + (h % HPR) * s_dj, lse, mask=ok)
 
 
+# --- the slab kernel: 16-byte stores of whole G-head chunks -------------------------------------
+#
+# A chunk (peer r, token b, heads j0 .. j0+G-1 of that peer) is G * (W + 1) consecutive wire
+# words: head k's W data words, then its LSE word, for k = 0 .. G-1. It is written as vectors of
+# 4 words; vector v holds chunk words w = 4v .. 4v+3. The source words of the G heads, row after
+# row (each row W words, W % 4 == 0), form the "stream": data word d of head k is stream word
+# k*W + d, and chunk word w of head k = w // (W+1) is stream word w - k. A vector spans at most
+# two heads (W + 1 > 4), so its data words are 4 consecutive stream words from F = 4v - k0
+# (k0: the head of its first word), less the one LSE word it may hold: they lie in the two
+# aligned stream vectors F // 4 and F // 4 + 1.
+
+
+@triton.jit
+def _lanes_of4(x, VT: tl.constexpr):
+    """[VT, 4] -> its four columns, each [VT] (a thread holds a row, so no data moves)."""
+    even, odd = tl.split(tl.reshape(x, (VT, 2, 2)))  # columns (0, 2) and (1, 3)
+    x0, x2 = tl.split(even)
+    x1, x3 = tl.split(odd)
+    return x0, x1, x2, x3
+
+
+@triton.jit
+def _word(j, x0, x1, x2, x3, y0, y1, y2):
+    """Word j (0..6) of x0..x3, y0..y2 (per element; a vector's data words start at most 3
+    words into X, so Y's last word is never one of them)."""
+    r = tl.where(j == 1, x1, x0)
+    r = tl.where(j == 2, x2, r)
+    r = tl.where(j == 3, x3, r)
+    r = tl.where(j == 4, y0, r)
+    r = tl.where(j == 5, y1, r)
+    return tl.where(j == 6, y2, r)
+
+
+@triton.jit
+def _chunk_lane(i: tl.constexpr, d0, s, lse_bits, x0, x1, x2, x3, y0, y1, y2,
+                W: tl.constexpr):
+    """Word i of each vector: its head's LSE where it is the LSE lane (d == W), else the data
+    word at offset s + i in X|Y, one less past the LSE lane (the next head's row)."""
+    d = d0 + i
+    j = s + i - (d > W).to(tl.int32)
+    return tl.where(d == W, lse_bits, _word(j, x0, x1, x2, x3, y0, y1, y2))
+
+
+@triton.jit
+def _chunk_vectors(src, lse_row, s_oh, s_od, s_lh, empty, v0, NV,
+                   G: tl.constexpr, W: tl.constexpr, VT: tl.constexpr, HAS_MASK: tl.constexpr):
+    """Chunk vectors v0 .. v0+VT-1 (those below NV): their words [VT, 4] and their indices."""
+    v = v0 + tl.arange(0, VT)
+    ok = v < NV
+    k0 = (4 * v) // (W + 1)        # the head of each vector's first word
+    d0 = 4 * v - k0 * (W + 1)      # ... and that word's lane in the head's row
+    F = 4 * v - k0                 # its stream word (were it data)
+    qx = F // 4
+    s = F - 4 * qx
+    QPH: tl.constexpr = W // 4     # stream vectors a head
+    i = tl.arange(0, 4)[None, :]
+    qy = qx + 1
+    x = tl.load(src + (qx // QPH)[:, None] * s_oh + (4 * (qx % QPH))[:, None] * s_od + i * s_od,
+                mask=(ok & (qx < G * QPH))[:, None])
+    y = tl.load(src + (qy // QPH)[:, None] * s_oh + (4 * (qy % QPH))[:, None] * s_od + i * s_od,
+                mask=(ok & (qy < G * QPH))[:, None])
+    lse = tl.load(lse_row + k0 * s_lh, mask=ok & (d0 + 3 >= W)).to(tl.float32)
+    if HAS_MASK:
+        lse = tl.where(empty, float("-inf"), lse)
+    lse_bits = lse.to(tl.int32, bitcast=True)
+    x0, x1, x2, x3 = _lanes_of4(x, VT)
+    y0, y1, y2, _ = _lanes_of4(y, VT)
+    w0 = _chunk_lane(0, d0, s, lse_bits, x0, x1, x2, x3, y0, y1, y2, W)
+    w1 = _chunk_lane(1, d0, s, lse_bits, x0, x1, x2, x3, y0, y1, y2, W)
+    w2 = _chunk_lane(2, d0, s, lse_bits, x0, x1, x2, x3, y0, y1, y2, W)
+    w3 = _chunk_lane(3, d0, s, lse_bits, x0, x1, x2, x3, y0, y1, y2, W)
+    words = tl.reshape(tl.join(tl.join(w0, w2), tl.join(w1, w3)), (VT, 4))
+    return words, v, ok
+
+
+@triton.jit
+def _pack_slab_kernel(
+    out_words_ptr, lse_ptr, send_words_ptr, seq_lens_ptr, qsl_ptr,
+    B, HPR4, num_seqs, steps, s_ob, s_oh, s_od, s_lb, s_lh,
+    G: tl.constexpr, W: tl.constexpr, VT: tl.constexpr, TT: tl.constexpr,
+    HAS_MASK: tl.constexpr, WIDE: tl.constexpr,
+):
+    """Program (b, g): token b, heads g*G .. g*G+G-1 (one peer's, G % 4 == 0), the chunk of
+    G * (W + 1) words at send[r, b, j0:j0+G, :] as 16-byte vectors, in two tiles (VT and TT
+    vectors; a chunk's vector count has the odd factor W + 1)."""
+    b = tl.program_id(0)
+    h0 = tl.program_id(1) * G
+    if WIDE:
+        b = b.to(tl.int64)
+        h0 = h0.to(tl.int64)
+    r = h0 // (4 * HPR4)
+    j4 = (h0 - r * 4 * HPR4) // 4
+    # written as 4 * (...) so that the compiler sees the chunk start is a multiple of 4 words
+    chunk = send_words_ptr + 4 * (((r * B + b) * HPR4 + j4) * (W + 1))
+    src = out_words_ptr + b * s_ob + h0 * s_oh
+    lse_row = lse_ptr + b * s_lb + h0 * s_lh
+    empty = False
+    if HAS_MASK:
+        empty = row_is_empty(b, seq_lens_ptr, qsl_ptr, num_seqs, steps)
+    NV = G * (W + 1) // 4
+    # every load of both tiles before the first store (a store may alias a later load)
+    main, vm, okm = _chunk_vectors(src, lse_row, s_oh, s_od, s_lh, empty, 0, NV,
+                                   G, W, VT, HAS_MASK)
+    tail, vt, okt = _chunk_vectors(src, lse_row, s_oh, s_od, s_lh, empty, VT, NV,
+                                   G, W, TT, HAS_MASK)
+    i = tl.arange(0, 4)[None, :]
+    tl.store(chunk + 4 * vm[:, None] + i, main, mask=okm[:, None])
+    tl.store(chunk + 4 * vt[:, None] + i, tail, mask=okt[:, None])
+
+
 def mask_args(seq_lens, query_start_loc, like: torch.Tensor):
     if seq_lens is None:
         # HAS_MASK=False: the pointers are never read, so pass a tensor we already have (a
@@ -129,6 +248,13 @@ def lanes_of(out: torch.Tensor, lse_lanes: int):
     return bits(out), D, lse_lanes, False
 
 
+def slab_fits(src: torch.Tensor, lanes: int, lanes_p: int, h_per_rank: int) -> bool:
+    """Whether the slab kernel can write this problem: 32-bit lanes with the LSE in one of
+    them, and 4 | lanes a head and 4 | heads a peer (so that every chunk of 4k heads starts on
+    a 16-byte boundary of the wire)."""
+    return src.element_size() == 4 and lanes_p == 1 and lanes % 4 == 0 and h_per_rank % 4 == 0
+
+
 def pack(out, lse, send, h_per_rank, seq_lens=None, query_start_loc=None) -> None:
     """Write ``send[N, B, H/N, D+P]`` (contiguous, out's dtype) from ``out[B, H, D]`` and
     ``lse[B, H]``; rows that ``seq_lens``/``query_start_loc`` mark empty go out with LSE -inf."""
@@ -138,14 +264,33 @@ def pack(out, lse, send, h_per_rank, seq_lens=None, query_start_loc=None) -> Non
     sl, qsl, num_seqs, steps, has_mask = mask_args(seq_lens, query_start_loc, out)
     src, lanes, lanes_p, paired = lanes_of(out, send.shape[-1] - D)
     dst = send.view(torch.int32) if paired else bits(send)
-    cfg = pack_launch(B, H, lanes, H // h_per_rank)
+    cfg = pack_launch(B, H, lanes, H // h_per_rank, slab_fits(src, lanes, lanes_p, h_per_rank))
+    wide = needs_int64(src, lse, dst)
+    if cfg.slab:
+        _launch_slab(src, lse, dst, sl, qsl, num_seqs, steps, has_mask, h_per_rank, lanes,
+                     cfg, wide)
+        return
     _pack_kernel[cfg.grid(B, H)](
         src, lse, dst, sl, qsl,
         B, H, h_per_rank, lanes, num_seqs, steps,
         src.stride(0), src.stride(1), src.stride(2), lse.stride(0), lse.stride(1),
         P=lanes_p, HAS_MASK=has_mask, BLOCK_B=cfg.block_b, BLOCK_H=cfg.block_h,
         BLOCK_D=cfg.block_d,
-        STREAM=cfg.stream, ONE_TILE=cfg.block_d >= lanes, WIDE=needs_int64(src, lse, dst),
+        STREAM=cfg.stream, ONE_TILE=cfg.block_d >= lanes, WIDE=wide,
+        num_warps=cfg.num_warps,
+    )
+
+
+def _launch_slab(src, lse, dst, sl, qsl, num_seqs, steps, has_mask, hpr, words, cfg, wide):
+    B, H = lse.shape
+    g = cfg.block_h
+    vectors = g * (words + 1) // 4
+    main = prev_pow2(g * words // 4)  # the chunk's vectors: a power-of-two tile and the rest
+    _pack_slab_kernel[cfg.grid(B, H)](
+        src, lse, dst, sl, qsl,
+        B, hpr // 4, num_seqs, steps,
+        src.stride(0), src.stride(1), src.stride(2), lse.stride(0), lse.stride(1),
+        G=g, W=words, VT=main, TT=next_pow2(vectors - main), HAS_MASK=has_mask, WIDE=wide,
         num_warps=cfg.num_warps,
     )
 

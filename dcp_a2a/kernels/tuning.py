@@ -23,6 +23,7 @@ class Launch:
     num_warps: int
     stream: bool = False  # streaming cache hints: evict-first loads, .cs stores
     block_b: int = 1  # tokens a program (a power of two; > 1 only in the interpreter, see below)
+    slab: bool = False  # pack only: the slab kernel, BLOCK_H heads (4 | BLOCK_H | H/N) a chunk
 
     def grid(self, batch: int, heads: int) -> tuple[int, int]:
         return (-(-batch // self.block_b), -(-heads // self.block_h))
@@ -39,7 +40,13 @@ class Rule:
     grow with N. ``one_peer_warps``: the warps of a program whose heads all go to one peer
     (BLOCK_H <= H/N; the pack then writes one contiguous slab of the wire); with it, a full
     program whose heads would straddle two peers (BLOCK_H = 2 H/N) takes one peer's H/N heads
-    instead, at ``num_warps``."""
+    instead, at ``num_warps``.
+
+    ``slab`` (pack only): the slab kernel (:mod:`dcp_a2a.kernels.pack`), for problems it fits
+    (``slab_ok``): a program's heads fill ``lanes`` lanes, at least 4 and at most what divides
+    a peer's H/N; ``slab_warps`` ((lanes, warps), ...) gives the warps of the first entry the
+    program's lanes reach. A program of fewer than ``min_lanes`` lanes does not take the rule
+    (the next rule of the table does)."""
 
     max_rows: float
     block_d_cap: int
@@ -49,11 +56,26 @@ class Rule:
     span_tokens: bool = False
     per_rank: bool = False
     one_peer_warps: int = 0
+    slab: bool = False
+    slab_warps: tuple[tuple[int, int], ...] = ()
+    min_lanes: int = 0
 
-    def launch(self, batch: int, heads: int, head_lanes: int, ranks: int = 1) -> Launch:
+    def launch(self, batch: int, heads: int, head_lanes: int, ranks: int = 1,
+               slab_ok: bool = False, any_size: bool = False) -> Launch | None:
+        """The launch, or None where this rule does not take the problem (a slab rule where
+        the problem does not fit the slab kernel, or below ``min_lanes`` unless
+        ``any_size``)."""
         block_d = min(next_pow2(head_lanes), self.block_d_cap)
         lanes = self.lanes // ranks if self.per_rank else self.lanes
         rows = prev_pow2(max(1, lanes // block_d))
+        if self.slab:
+            if not slab_ok:
+                return None
+            g = slab_heads(rows, heads, ranks)
+            if g * head_lanes < self.min_lanes and not any_size:
+                return None
+            warps = next(w for at_least, w in self.slab_warps if g * head_lanes >= at_least)
+            return Launch(g, block_d, warps, self.stream, slab=True)
         block_h = _fit(rows, heads)
         block_b = _fit(rows // block_h, batch) if self.span_tokens else 1
         warps = self.num_warps
@@ -77,7 +99,14 @@ TABLE: dict[str, tuple[Rule, ...]] = {
     # 16 warps where those heads are one peer's slab (3 % faster at all 18 such points of the
     # grid, up to 38 % slower where a program's heads straddle two peers; those take one
     # peer's slab, 8 warps: B=8192 H=64 N=8 D=512 bf16 283.3 -> 277.5 us in the sweep)
+    # (fifth pass: above 64k rows the slab kernel, 16-byte stores of whole chunks of a peer's
+    # heads, where the problem fits it: 4096 lanes a program, fewer where a peer has fewer
+    # heads; warps by the program's lanes, from a sweep of every such grid point. Programs of
+    # 256 lanes lost to the row kernel (D=64 bf16, 8 heads: 44.9 against 43.2 us), 320 won
+    # (D=80, 8 heads: 46.9 against 65.3 us); the row rule after it takes the rest)
     "pack": (Rule(256, 1024, 256, 4), Rule(1024, 1024, 512, 4), Rule(65536, 1024, 512, 1),
+             Rule(_ANY, 1024, 4096, 4, slab=True, min_lanes=320,
+                  slab_warps=((4096, 4), (2048, 8), (1024, 4), (0, 1))),
              Rule(_ANY, 1024, 4096, 8, one_peer_warps=16)),
     # one head per program while that keeps the GPU busy (8 warps at the smallest sizes, 4 up to
     # 16k rows: as many programs as the straightforward design, which otherwise won at B 32-128);
@@ -126,6 +155,8 @@ CANDIDATES: dict[str, dict[str, tuple[Rule, ...]]] = {
     # pack at large batches: 8 warps (the table until then), 16 warps whatever the peers
     "pack_8w": {**TABLE, "pack": (Rule(1024, 1024, 1, 2), Rule(_ANY, 1024, 4096, 8))},
     "pack_16w": {**TABLE, "pack": (Rule(1024, 1024, 1, 2), Rule(_ANY, 1024, 4096, 16))},
+    # the pack rules of the fourth pass (the row kernel at every size)
+    "pack_fourth_pass": {**TABLE, "pack": TABLE["pack"][:3] + TABLE["pack"][4:]},
     # the pack rules of the third pass (one head a program and 2 warps up to 1024 rows, 4096
     # lanes and 8 warps above)
     "pack_third_pass": {**TABLE, "pack": (Rule(1024, 1024, 1, 2), Rule(32768, 1024, 4096, 8),
@@ -142,6 +173,14 @@ def _fit(block: int, n: int) -> int:
     return max(1, min(block, next_pow2(n)))
 
 
+def slab_heads(block: int, heads: int, ranks: int) -> int:
+    """Heads of a slab-kernel program asked for ``block``: a power of two, at least 4 and at
+    most the largest power of two dividing a peer's H/N (a multiple of 4 where the slab kernel
+    fits), so that a program's heads are one peer's and its chunk starts on 16 bytes."""
+    per_peer = heads // ranks
+    return max(4, min(prev_pow2(max(1, block)), per_peer & -per_peer))
+
+
 def _compiled(cfg: Launch) -> Launch:
     """One token a program when compiled. Several (BLOCK_B > 1) exist for the interpreter's
     sake; compiled, the pack with BLOCK_B = 2 stopped on a misaligned address on an H200
@@ -150,34 +189,43 @@ def _compiled(cfg: Launch) -> Launch:
     return cfg if _env.INTERPRET or cfg.block_b == 1 else replace(cfg, block_b=1)
 
 
-def launch(kind: str, batch: int, heads: int, head_lanes: int, ranks: int = 1) -> Launch:
+def launch(kind: str, batch: int, heads: int, head_lanes: int, ranks: int = 1,
+           slab_ok: bool = False) -> Launch:
     """The launch for kernel ``kind`` over ``batch`` tokens of ``heads`` heads of
     ``head_lanes`` lanes, in a group of ``ranks`` (the rules select on the rows, batch x
-    heads)."""
+    heads; ``slab_ok``: the pack's slab kernel fits the problem). An override asking for the
+    slab kernel gets it where it fits, the row kernel elsewhere."""
     if kind in OVERRIDES:
         o = OVERRIDES[kind]
-        return _compiled(Launch(_fit(o.block_h, heads), min(o.block_d, next_pow2(head_lanes)),
-                                o.num_warps, o.stream, _fit(o.block_b, batch)))
+        block_d = min(o.block_d, next_pow2(head_lanes))
+        if o.slab and slab_ok:
+            return Launch(slab_heads(o.block_h, heads, ranks), block_d, o.num_warps, o.stream,
+                          slab=True)
+        return _compiled(Launch(_fit(o.block_h, heads), block_d, o.num_warps, o.stream,
+                                _fit(o.block_b, batch)))
     if _env.INTERPRET:
         return INTERPRETER[kind].launch(batch, heads, head_lanes, ranks)
-    rule = next(r for r in ACTIVE[kind] if batch * heads <= r.max_rows)
-    return _compiled(rule.launch(batch, heads, head_lanes, ranks))
+    # the first rule that takes the problem (each table ends in a rule that takes any)
+    taken = (r.launch(batch, heads, head_lanes, ranks, slab_ok) for r in ACTIVE[kind]
+             if batch * heads <= r.max_rows)
+    return _compiled(next(cfg for cfg in taken if cfg is not None))
 
 
 def every_launch(kind: str, batch: int, heads: int, head_lanes: int,
-                 ranks: int = 1) -> list[Launch]:
+                 ranks: int = 1, slab_ok: bool = False) -> list[Launch]:
     """Every launch any rule of the table (and the interpreter's) gives this problem,
-    whatever rule its row count selects."""
+    whatever rule its row count selects (a slab rule whatever the program's size)."""
     seen = []
     for rule in ACTIVE[kind] + (INTERPRETER[kind],):
-        cfg = _compiled(rule.launch(batch, heads, head_lanes, ranks))
-        if cfg not in seen:
-            seen.append(cfg)
+        cfg = rule.launch(batch, heads, head_lanes, ranks, slab_ok, any_size=True)
+        if cfg is not None and _compiled(cfg) not in seen:
+            seen.append(_compiled(cfg))
     return seen
 
 
-def pack_launch(batch: int, heads: int, head_lanes: int, ranks: int) -> Launch:
-    return launch("pack", batch, heads, head_lanes, ranks)
+def pack_launch(batch: int, heads: int, head_lanes: int, ranks: int,
+                slab_ok: bool = False) -> Launch:
+    return launch("pack", batch, heads, head_lanes, ranks, slab_ok)
 
 
 def combine_launch(ranks: int, batch: int, heads: int, head_lanes: int) -> Launch:

@@ -29,16 +29,20 @@ _PTR = {torch.int16: "*i16", torch.int32: "*i32", torch.float32: "*fp32",
 _OPTIONS = ("num_warps", "enable_fp_fusion")
 
 
-def _capture(kernel, launch):
-    """The (args, kwargs) ``launch()`` passes to ``kernel[grid](...)``."""
+def _capture(kernels, launch):
+    """(kernel, args, kwargs): the one of ``kernels`` that ``launch()`` runs, and what it
+    passes to ``kernel[grid](...)``."""
     seen = []
-    kernel.run = lambda *args, grid=None, warmup=False, **kw: seen.append((args, kw))
+    for k in kernels:
+        k.run = (lambda k: lambda *args, grid=None, warmup=False, **kw:
+                 seen.append((k, args, kw)))(k)
     try:
         launch()
     finally:
-        del kernel.run
-    (args, kw), = seen
-    return args, kw
+        for k in kernels:
+            del k.run
+    (kernel, args, kw), = seen
+    return kernel, args, kw
 
 
 def _ptx(kernel, args, kw) -> str:
@@ -76,21 +80,23 @@ def _wire(b, h, d, n, dtype):
 def pack_ptx(b, h, d, n, dtype):
     out, lse = _meta(b, h, d, dtype=dtype), _meta(b, h, dtype=torch.float32)
     send = _wire(b, h, d, n, dtype)
-    args, kw = _capture(pack._pack_kernel, lambda: pack.pack(out, lse, send, h // n))
-    return _ptx(pack._pack_kernel, args, kw)
+    kernel, args, kw = _capture((pack._pack_kernel, pack._pack_slab_kernel),
+                                lambda: pack.pack(out, lse, send, h // n))
+    return _ptx(kernel, args, kw)
 
 
 def combine_ptx(b, h, d, n, dtype):
     recv = _wire(b, h, d, n, dtype)
-    args, kw = _capture(combine.combine_rows,
-                        lambda: combine.combine_packed(recv, d, False, False))
-    return _ptx(combine.combine_rows, args, kw)
+    kernel, args, kw = _capture((combine.combine_rows,),
+                                lambda: combine.combine_packed(recv, d, False, False))
+    return _ptx(kernel, args, kw)
 
 
 SHAPES = {  # name: (B, H, D, N, dtype): a decode launch, a mid-size one, the large one
     "decode": (1, 128, 512, 8, torch.bfloat16),
     "mid_fp32": (256, 32, 512, 4, torch.float32),
-    "large": (8192, 64, 512, 4, torch.bfloat16),
+    "large": (8192, 64, 512, 4, torch.bfloat16),  # the pack's slab kernel
+    "large_fp32": (8192, 32, 512, 4, torch.float32),
 }
 
 if __name__ == "__main__":

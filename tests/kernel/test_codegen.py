@@ -1,5 +1,5 @@
 """What the compiled kernels make the GPU wait for, read from the PTX Triton generates for an
-H100/H200 (sm_90) at a decode launch, a mid-size one and the large one (tests/kernel/ptx_probe.py;
+H100/H200 (sm_90) at a decode launch, a mid-size one and two large ones (tests/kernel/ptx_probe.py;
 no GPU needed: Triton compiles for a named target).
 
 A decode-size launch is about one memory round trip on top of the launch itself, so a second
@@ -41,7 +41,7 @@ def _lines(ptx, needle):
     return [i for i, line in enumerate(ptx) if needle in line]
 
 
-@pytest.mark.parametrize("shape", ["decode", "mid_fp32", "large"])
+@pytest.mark.parametrize("shape", ["decode", "mid_fp32", "large", "large_fp32"])
 def test_pack_issues_every_load_before_its_first_store(ptx, shape):
     code = ptx[f"pack_{shape}"]
     loads, stores = _lines(code, "ld.global"), _lines(code, "st.global")
@@ -58,3 +58,16 @@ def test_combine_loads_everything_before_the_merge_math(ptx, shape):
     loads, exps = _lines(code, "ld.global"), _lines(code, "ex2.approx")
     assert loads and exps
     assert max(loads) < min(exps), "a data load issued after the merge weights"
+
+
+@pytest.mark.parametrize("shape", ["large", "large_fp32"])
+def test_large_pack_stores_16_byte_vectors(ptx, shape):
+    """The slab kernel's point: the wire stores are 16-byte vectors (all but one instruction,
+    which writes the chunk's last G/4 vectors, 1/(W+1) of it, from a tile too small to give
+    each thread a vector), and the words are shuffled in registers, not through shared memory
+    (a barrier and a round trip there)."""
+    code = ptx[f"pack_{shape}"]
+    stores = [code[i] for i in _lines(code, "st.global")]
+    narrow = [line for line in stores if "st.global.v4" not in line]
+    assert len(stores) >= 8 and len(narrow) <= 1, stores
+    assert not _lines(code, "st.shared") and not _lines(code, "bar.sync")

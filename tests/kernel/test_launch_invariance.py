@@ -16,7 +16,8 @@ import itertools
 import pytest
 import torch
 
-from dcp_a2a.kernels import tuning
+import dcp_a2a
+from dcp_a2a.kernels import pack, tuning
 from dcp_a2a.testing.accuracy import GPU_SHAPES, Shape, parse_shapes, rank_partial
 from dcp_a2a.inprocess import lse_reduce_in_process
 from dcp_a2a.testing.data import bits_view
@@ -34,10 +35,13 @@ def _grid(device):
             yield shape, dt
 
 
-def _configs(b, heads, n, d, dtype):
-    """Per run, an override for each kernel: the i-th configuration of each kind's list."""
-    lanes = d // 2 if dtype != torch.float32 and d % 2 == 0 else d
-    lists = {"pack": tuning.every_launch("pack", b, heads, lanes, n),
+def _configs(out, n):
+    """Per run, an override for each kernel: the i-th configuration of each kind's list (the
+    pack's includes its slab kernel where that fits the problem)."""
+    b, heads, d = out.shape
+    src, lanes, lanes_p, _ = pack.lanes_of(out, dcp_a2a.lse_pack_dim(out.dtype))
+    slab_ok = pack.slab_fits(src, lanes, lanes_p, heads // n)
+    lists = {"pack": tuning.every_launch("pack", b, heads, lanes, n, slab_ok),
              "combine": tuning.every_launch("combine", b, heads // n, lanes, n),
              "scale": tuning.every_launch("scale", b, heads, d)}
     runs = max(len(v) for v in lists.values())
@@ -65,7 +69,7 @@ def test_every_launch_gives_the_same_bits(device, base_e):
         parts = [rank_partial(7, case, r, shape, dtype, 4.0, device) for r in range(n)]
         outs, lses = [p[0] for p in parts], [p[1] for p in parts]
         first = None
-        for cfg in _configs(shape.b, shape.h, n, shape.d, dtype):
+        for cfg in _configs(outs[0], n):
             tuning.OVERRIDES.update(cfg)
             try:
                 res = _all_backends(outs, lses, base_e)

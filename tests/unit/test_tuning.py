@@ -67,3 +67,36 @@ def test_large_pack_programs_follow_the_peer_slab(compiled, h, n, heads, warps):
                                                                else 8)
     # 4k-64k rows: 512 lanes (two such heads) and one warp a program
     assert astuple(tuning.launch("pack", 256, h, 256, n))[:3] == (2, 256, 1)
+
+
+@pytest.mark.parametrize("h, n, words, heads, warps", [
+    (64, 4, 256, 16, 4),   # D=512 16-bit: 16 heads = 4096 lanes, 4 warps
+    (64, 8, 256, 8, 8),    # 8 heads a peer: 2048 lanes, 8 warps
+    (128, 8, 512, 8, 4),   # D=512 fp32: 8 heads = 4096 lanes
+    (64, 4, 64, 16, 4),    # D=128 16-bit: all 16 of a peer's heads, 1024 lanes
+    (32, 4, 40, 8, 1),     # D=80 16-bit: 8 heads = 320 lanes, one warp
+])
+def test_large_pack_takes_the_slab_kernel_where_it_fits(compiled, h, n, words, heads, warps):
+    """Above 64k rows the pack writes chunks of one peer's heads with 16-byte stores, where the
+    problem fits that kernel; elsewhere, and below 64k rows, the row kernel as before."""
+    cfg = tuning.launch("pack", 8192, h, words, n, slab_ok=True)
+    assert cfg.slab and (cfg.block_h, cfg.num_warps) == (heads, warps)
+    assert (h // n) % cfg.block_h == 0
+    assert not tuning.launch("pack", 8192, h, words, n).slab
+    assert not tuning.launch("pack", 512, h, words, n, slab_ok=True).slab
+
+
+def test_small_slab_programs_take_the_row_kernel(compiled):
+    """D=64 16-bit with 8 heads a peer: a chunk is 256 lanes, which lost to the row kernel;
+    every_launch still lists the slab launch (the tests run it whatever its size)."""
+    assert not tuning.launch("pack", 8192, 64, 32, 8, slab_ok=True).slab
+    every = tuning.every_launch("pack", 8192, 64, 32, 8, slab_ok=True)
+    assert [c.block_h for c in every if c.slab] == [8]
+    assert not any(c.slab for c in tuning.every_launch("pack", 8192, 64, 32, 8))
+
+
+@pytest.mark.parametrize("per_peer", [4, 8, 12, 16, 20, 48])
+def test_slab_heads_divide_a_peers_heads(per_peer):
+    for block in (1, 4, 8, 16, 64):
+        g = tuning.slab_heads(block, per_peer * 2, 2)
+        assert g >= 4 and per_peer % g == 0 and g & (g - 1) == 0 and (g <= block or g == 4)
