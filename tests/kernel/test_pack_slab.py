@@ -103,16 +103,21 @@ def test_slab_kernel_masks_rows_and_keeps_lse_bits(device, slab, dtype):
 
 
 def test_slab_kernel_reads_strided_outputs(device, slab):
-    """Heads padded apart (16-bit, moved as words) and an fp32 output with no unit stride."""
+    """Heads and tokens padded apart by whole 16-byte vectors take the slab kernel (16-bit,
+    moved as words, and fp32), with a column-major LSE; an output whose rows are not runs of
+    16-byte vectors takes the row kernel."""
     ran = slab(8)
     b, h, d, n = 3, 16, 24, 2
-    padded = torch.randn(b, h, d + 8).to(torch.bfloat16).to(device)[:, :, :d]
     lse = (torch.randn(h, b) * 4).to(device).t()  # [b, h], column-major
-    got, want = _pack_both(device, padded, lse, n)
-    assert ran and torch.equal(bits_view(got), bits_view(want))
-    fp32 = torch.randn(d, h, b).to(device).permute(2, 1, 0)  # [b, h, d], stride 1 on none
-    got, want = _pack_both(device, fp32, lse, n)
-    assert len(ran) == 2 and torch.equal(bits_view(got), bits_view(want))
+    for dtype, pad in ((torch.bfloat16, 8), (torch.float32, 4)):
+        padded = torch.randn(b, h + 1, d + pad).to(dtype).to(device)[:, :h, :d]
+        got, want = _pack_both(device, padded, lse, n)
+        assert ran and torch.equal(bits_view(got), bits_view(want)), dtype
+    assert len(ran) == 2
+    for out in (torch.randn(d, h, b).to(device).permute(2, 1, 0),  # no unit stride
+                torch.randn(b, h, d + 2).to(device)[:, :, :d]):      # rows 2 words apart
+        got, want = _pack_both(device, out, lse, n)
+        assert len(ran) == 2 and torch.equal(bits_view(got), bits_view(want))
 
 
 @pytest.mark.parametrize("dtype, n, h, d, why", [
