@@ -62,7 +62,7 @@ def _pack_to_peers_kernel(
     s_ob, s_oh, s_od, s_lb, s_lh,
     N: tl.constexpr, P: tl.constexpr, HAS_MASK: tl.constexpr,
     BLOCK_B: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, STREAM: tl.constexpr,
-    ONE_TILE: tl.constexpr,
+    ONE_TILE: tl.constexpr, LANE_LOADS: tl.constexpr,
 ):
     """Step 1 of the module docstring, for this program's rows (b, h) (as the pack kernel).
     ``recv_bits_ptr`` (this rank's buffer) only gives the lane type of the peers' buffers;
@@ -75,7 +75,7 @@ def _pack_to_peers_kernel(
     row = (e % 2) * slot_lanes + ((rank * B + b) * HPR + h % HPR) * (D + P)
     write_rows(out_bits_ptr, lse_ptr, base + row, seq_lens_ptr, qsl_ptr, b, h, row_ok,
                D, num_seqs, steps, s_ob, s_oh, s_od, s_lb, s_lh,
-               P, HAS_MASK, BLOCK_D, STREAM, ONE_TILE)
+               P, HAS_MASK, BLOCK_D, STREAM, ONE_TILE, LANE_LOADS)
 
     # Arrive: every thread's stores are issued before the CTA barrier, and the release at
     # system scope that follows orders them before the arrival (and, through the last
@@ -132,7 +132,7 @@ def pack_to_peers(out, lse, tables, seq_lens=None, query_start_loc=None) -> None
         N=tables.world_size, P=lanes_p, HAS_MASK=has_mask, BLOCK_B=cfg.block_b,
         BLOCK_H=cfg.block_h,
         BLOCK_D=cfg.block_d, STREAM=cfg.stream, ONE_TILE=cfg.block_d >= lanes,
-        num_warps=cfg.num_warps,
+        LANE_LOADS=cfg.lane_loads, num_warps=cfg.num_warps,
     )
 
 

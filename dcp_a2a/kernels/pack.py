@@ -6,9 +6,10 @@ the decode tables give each head its own program). The output lanes are moved as
 converted to float32 and its bits written into the P trailing lanes. Empty-shard masking (rows of
 requests with no local KV, and padding rows) is fused here: their LSE goes out as -inf.
 
-Two kernels write the same bytes. ``_pack_kernel`` writes the rows (b, h) one by one: its
-loads from ``out`` are 16-byte vectors, but a wire row of D + P lanes starts at no 16-byte
-boundary, so its stores are single lanes. ``_pack_slab_kernel`` (32-bit lanes with one LSE lane:
+Two kernels write the same bytes. ``_pack_kernel`` writes the rows (b, h) one by one: a wire
+row of D + P lanes starts at no 16-byte boundary, so its stores are single lanes; its loads
+from ``out`` are 16-byte vectors, or at decode sizes single lanes too (``LANE_LOADS``: the
+tile then needs no shuffle between the two). ``_pack_slab_kernel`` (32-bit lanes with one LSE lane:
 fp32, or 16-bit outputs moved as words) writes G consecutive heads of one (peer, token) as one
 chunk of G * (W + 1) words, W the head's words; with G and H/N multiples of 4 every chunk starts
 on a 16-byte boundary, so it stores 16-byte vectors. Each vector's four words come from two
@@ -34,15 +35,21 @@ from .tuning import pack_launch
 
 @triton.jit
 def _copy_tile(out_bits_ptr, dst_row, src_row, d0, D, row_ok, s_od,
-               BLOCK_D: tl.constexpr, STREAM: tl.constexpr):
+               BLOCK_D: tl.constexpr, STREAM: tl.constexpr, LANE_LOADS: tl.constexpr):
     d = d0 + tl.arange(0, BLOCK_D)
     m = row_ok[:, None] & (d < D)[None, :]
+    src = src_row[:, None] + d[None, :] * s_od
+    if LANE_LOADS:
+        # Claim no alignment beyond one lane: the loads are then one lane a thread, in the
+        # layout of the (never 16-byte aligned) wire stores. Vector loads need the tile moved
+        # between the two layouts through shared memory and a CTA barrier, on the critical
+        # path of a launch that only waits on memory.
+        src = tl.multiple_of(src, [1, 1])
     if STREAM:
-        x = tl.load(out_bits_ptr + src_row[:, None] + d[None, :] * s_od, mask=m,
-                    eviction_policy="evict_first")
+        x = tl.load(out_bits_ptr + src, mask=m, eviction_policy="evict_first")
         tl.store(dst_row[:, None] + d[None, :], x, mask=m, cache_modifier=".cs")
     else:
-        x = tl.load(out_bits_ptr + src_row[:, None] + d[None, :] * s_od, mask=m)
+        x = tl.load(out_bits_ptr + src, mask=m)
         tl.store(dst_row[:, None] + d[None, :], x, mask=m)
 
 
@@ -51,12 +58,12 @@ def write_rows(
     out_bits_ptr, lse_ptr, dst_row, seq_lens_ptr, qsl_ptr, b, h, row_ok,
     D, num_seqs, steps, s_ob, s_oh, s_od, s_lb, s_lh,
     P: tl.constexpr, HAS_MASK: tl.constexpr, BLOCK_D: tl.constexpr, STREAM: tl.constexpr,
-    ONE_TILE: tl.constexpr,
+    ONE_TILE: tl.constexpr, LANE_LOADS: tl.constexpr,
 ):
     """Write the wire rows of tokens ``b`` and heads ``h`` (a row each; rows where ``row_ok``
     is false are skipped): ``dst_row[i]`` points at the first lane of row i on the
     wire (D output lanes, then P LSE lanes). ``ONE_TILE``: the head fits in one BLOCK_D tile
-    (decode shapes), so no loop over it."""
+    (decode shapes), so no loop over it. ``LANE_LOADS``: see ``_copy_tile``."""
     # The LSE is loaded before any store: the compiler cannot move a load above a store that
     # may alias it, and loaded after the copy it was a second memory round trip in series
     # with the first (the whole time of a decode-size launch is about two such trips).
@@ -68,10 +75,12 @@ def write_rows(
 
     src_row = b * s_ob + h * s_oh
     if ONE_TILE:
-        _copy_tile(out_bits_ptr, dst_row, src_row, 0, D, row_ok, s_od, BLOCK_D, STREAM)
+        _copy_tile(out_bits_ptr, dst_row, src_row, 0, D, row_ok, s_od, BLOCK_D, STREAM,
+                   LANE_LOADS)
     else:
         for d0 in range(0, D, BLOCK_D):
-            _copy_tile(out_bits_ptr, dst_row, src_row, d0, D, row_ok, s_od, BLOCK_D, STREAM)
+            _copy_tile(out_bits_ptr, dst_row, src_row, d0, D, row_ok, s_od, BLOCK_D, STREAM,
+                       LANE_LOADS)
     if P == 1:
         tl.store(dst_row + D, lse_bits, mask=row_ok)
     else:
@@ -83,19 +92,22 @@ def write_rows(
 @triton.jit
 def _pack_kernel(
     out_bits_ptr, lse_ptr, send_bits_ptr, seq_lens_ptr, qsl_ptr,
-    B, H, HPR, D, num_seqs, steps,
+    B, H, HPR: tl.constexpr, D, num_seqs, steps,
     s_ob, s_oh, s_od, s_lb, s_lh,
     P: tl.constexpr, HAS_MASK: tl.constexpr,
     BLOCK_B: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, STREAM: tl.constexpr,
-    ONE_TILE: tl.constexpr, WIDE: tl.constexpr,
+    ONE_TILE: tl.constexpr, WIDE: tl.constexpr, LANE_LOADS: tl.constexpr,
 ):
     """This program's rows (b, h) to send[h // HPR, b, h % HPR, :]. ``WIDE``: some offset may
-    pass 2^31 elements, so index in int64 (else int32, fewer instructions at decode sizes)."""
+    pass 2^31 elements, so index in int64 (else int32, fewer instructions at decode sizes).
+    ``HPR`` (heads a peer) is a constexpr: dividing by it is then a multiply and a shift; a
+    run-time divisor took some twenty dependent instructions per head lane, between a decode
+    launch's loads and its stores (one compile per H/N, which an engine fixes)."""
     b, h, ok = program_rows(B, H, BLOCK_B, BLOCK_H, WIDE)
     row = (((h // HPR) * B + b) * HPR + h % HPR) * (D + P)
     write_rows(out_bits_ptr, lse_ptr, send_bits_ptr + row, seq_lens_ptr, qsl_ptr, b, h, ok,
                D, num_seqs, steps, s_ob, s_oh, s_od, s_lb, s_lh,
-               P, HAS_MASK, BLOCK_D, STREAM, ONE_TILE)
+               P, HAS_MASK, BLOCK_D, STREAM, ONE_TILE, LANE_LOADS)
 
 
 @triton.jit
@@ -283,7 +295,7 @@ def pack(out, lse, send, h_per_rank, seq_lens=None, query_start_loc=None) -> Non
         src.stride(0), src.stride(1), src.stride(2), lse.stride(0), lse.stride(1),
         P=lanes_p, HAS_MASK=has_mask, BLOCK_B=cfg.block_b, BLOCK_H=cfg.block_h,
         BLOCK_D=cfg.block_d,
-        STREAM=cfg.stream, ONE_TILE=cfg.block_d >= lanes, WIDE=wide,
+        STREAM=cfg.stream, ONE_TILE=cfg.block_d >= lanes, WIDE=wide, LANE_LOADS=cfg.lane_loads,
         num_warps=cfg.num_warps,
     )
 

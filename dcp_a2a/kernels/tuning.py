@@ -24,6 +24,7 @@ class Launch:
     stream: bool = False  # streaming cache hints: evict-first loads, .cs stores
     block_b: int = 1  # tokens a program (a power of two; > 1 only in the interpreter, see below)
     slab: bool = False  # pack only: the slab kernel, BLOCK_H heads (4 | BLOCK_H | H/N) a chunk
+    lane_loads: bool = False  # pack's row kernel: loads in the stores' layout (no shared memory)
 
     def grid(self, batch: int, heads: int) -> tuple[int, int]:
         return (-(-batch // self.block_b), -(-heads // self.block_h))
@@ -46,7 +47,11 @@ class Rule:
     (``slab_ok``): a program's heads fill ``lanes`` lanes, at least 4 and at most what divides
     a peer's H/N; ``slab_warps`` ((lanes, warps), ...) gives the warps of the first entry the
     program's lanes reach. A program of fewer than ``min_lanes`` lanes does not take the rule
-    (the next rule of the table does)."""
+    (the next rule of the table does).
+
+    ``lane_loads`` (pack's row kernel): its loads are one lane a thread, in the layout of its
+    wire stores, instead of 16-byte vectors that a shared-memory shuffle and a CTA barrier
+    then hand to the stores' layout (a decode launch waits on that shuffle)."""
 
     max_rows: float
     block_d_cap: int
@@ -59,6 +64,7 @@ class Rule:
     slab: bool = False
     slab_warps: tuple[tuple[int, int], ...] = ()
     min_lanes: int = 0
+    lane_loads: bool = False
 
     def launch(self, batch: int, heads: int, head_lanes: int, ranks: int = 1,
                slab_ok: bool = False, any_size: bool = False) -> Launch | None:
@@ -84,7 +90,8 @@ class Rule:
             warps = self.one_peer_warps
         elif self.one_peer_warps and block_h == 2 * slab and block_h * block_d == lanes:
             block_h = slab  # a full program that straddled two peers: one peer's slab instead
-        return Launch(block_h, block_d, warps, self.stream, block_b)
+        return Launch(block_h, block_d, warps, self.stream, block_b,
+                      lane_loads=self.lane_loads)
 
 
 _ANY = float("inf")
@@ -104,7 +111,8 @@ TABLE: dict[str, tuple[Rule, ...]] = {
     # heads; warps by the program's lanes, from a sweep of every such grid point. Programs of
     # 256 lanes lost to the row kernel (D=64 bf16, 8 heads: 44.9 against 43.2 us), 320 won
     # (D=80, 8 heads: 46.9 against 65.3 us); the row rule after it takes the rest)
-    "pack": (Rule(256, 1024, 256, 4), Rule(1024, 1024, 512, 4), Rule(65536, 1024, 512, 1),
+    "pack": (Rule(256, 1024, 256, 4, lane_loads=True), Rule(1024, 1024, 512, 4, lane_loads=True),
+             Rule(65536, 1024, 512, 1),
              Rule(_ANY, 1024, 4096, 4, slab=True, min_lanes=320,
                   slab_warps=((4096, 4), (2048, 8), (1024, 4), (0, 1))),
              Rule(_ANY, 1024, 4096, 8, one_peer_warps=16)),
@@ -125,6 +133,10 @@ TABLE: dict[str, tuple[Rule, ...]] = {
 INTERPRETER = {"pack": Rule(_ANY, 1024, 4096, 4),
                "combine": Rule(_ANY, 512, 4096, 4, span_tokens=True),
                "scale": Rule(_ANY, 512, 4096, 4, span_tokens=True)}
+
+# The pack rules as the fifth pass left them (docs/perf.md): vector loads at every size.
+_PACK_FIFTH = (Rule(256, 1024, 256, 4), Rule(1024, 1024, 512, 4), Rule(65536, 1024, 512, 1),
+               *TABLE["pack"][3:])
 
 # Tables the benchmark can compare with TABLE in one run (``python -m dcp_a2a.testing.bench
 # --grid --tables table,head_per_program``); docs/perf.md has the grid where these were chosen.
@@ -156,7 +168,16 @@ CANDIDATES: dict[str, dict[str, tuple[Rule, ...]]] = {
     "pack_8w": {**TABLE, "pack": (Rule(1024, 1024, 1, 2), Rule(_ANY, 1024, 4096, 8))},
     "pack_16w": {**TABLE, "pack": (Rule(1024, 1024, 1, 2), Rule(_ANY, 1024, 4096, 16))},
     # the pack rules of the fourth pass (the row kernel at every size)
-    "pack_fourth_pass": {**TABLE, "pack": TABLE["pack"][:3] + TABLE["pack"][4:]},
+    "pack_fourth_pass": {**TABLE, "pack": _PACK_FIFTH[:3] + _PACK_FIFTH[4:]},
+    # the pack rules of the fifth pass (vector loads at every size)
+    "pack_fifth_pass": {**TABLE, "pack": _PACK_FIFTH},
+    # sixth pass: lane loads also up to 64k rows; the slab kernel (one warp, 512 lanes) from 8k
+    # to 64k rows where it fits
+    "pack_lane_mid": {**TABLE, "pack": TABLE["pack"][:2] + (
+        Rule(65536, 1024, 512, 1, lane_loads=True),) + TABLE["pack"][3:]},
+    "pack_slab_mid": {**TABLE, "pack": TABLE["pack"][:2] + (
+        Rule(8192, 1024, 512, 1), Rule(65536, 1024, 512, 1, slab=True, slab_warps=((0, 1),)))
+        + TABLE["pack"][2:]},
     # the pack rules of the third pass (one head a program and 2 warps up to 1024 rows, 4096
     # lanes and 8 warps above)
     "pack_third_pass": {**TABLE, "pack": (Rule(1024, 1024, 1, 2), Rule(32768, 1024, 4096, 8),
@@ -202,7 +223,7 @@ def launch(kind: str, batch: int, heads: int, head_lanes: int, ranks: int = 1,
             return Launch(slab_heads(o.block_h, heads, ranks), block_d, o.num_warps, o.stream,
                           slab=True)
         return _compiled(Launch(_fit(o.block_h, heads), block_d, o.num_warps, o.stream,
-                                _fit(o.block_b, batch)))
+                                _fit(o.block_b, batch), lane_loads=o.lane_loads))
     if _env.INTERPRET:
         return INTERPRETER[kind].launch(batch, heads, head_lanes, ranks)
     # the first rule that takes the problem (each table ends in a rule that takes any)

@@ -53,6 +53,9 @@ def _ptx(kernel, args, kw) -> str:
             sig[name], consts[name] = "constexpr", kw[name]
             continue
         a = args[i]
+        if kernel.params[i].is_constexpr:  # a constexpr passed by position
+            sig[name], consts[name] = "constexpr", a
+            continue
         if isinstance(a, torch.Tensor):
             sig[name] = _PTR[a.dtype]
             attrs[(i,)] = [["tt.divisibility", 16]]

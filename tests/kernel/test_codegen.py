@@ -6,7 +6,9 @@ A decode-size launch is about one memory round trip on top of the launch itself,
 round trip in series is a slower kernel that every correctness test still passes: the pack
 once loaded the LSE after its stores (the compiler cannot move a load above a store that may
 alias it), and the combine once reduced an [N, rows] LSE tile across threads, whose warp
-shuffles ptxas put in front of the data loads (docs/perf.md, fourth pass).
+shuffles ptxas put in front of the data loads (docs/perf.md, fourth pass). The decode pack
+also once moved its tile through shared memory between its loads and its stores, behind a
+run-time division (docs/perf.md, sixth pass).
 """
 
 from __future__ import annotations
@@ -49,6 +51,16 @@ def test_pack_issues_every_load_before_its_first_store(ptx, shape):
     assert max(loads) < min(stores), (
         f"a load after the first store (PTX lines {[i for i in loads if i > min(stores)]}): "
         "the pack waits for two memory round trips in series")
+
+
+def test_decode_pack_goes_from_its_loads_to_its_stores(ptx):
+    """At decode sizes the pack's loads are in the layout of its stores (the tile does not go
+    through shared memory and a CTA barrier between them), and its wire offsets divide by the
+    heads a peer as a constant (a run-time division was some twenty dependent instructions
+    a head lane): both sat between the loads and the stores of a launch that only waits."""
+    code = ptx["pack_decode"]
+    assert not _lines(code, "st.shared") and not _lines(code, "bar.sync"), "shared-memory shuffle"
+    assert not [line for line in code if "div." in line or "rem." in line], "run-time division"
 
 
 @pytest.mark.parametrize("shape", ["decode", "mid_fp32", "large"])
