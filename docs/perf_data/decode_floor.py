@@ -1,4 +1,4 @@
-"""The pack at the launch floor (B in {1, 4}, every (H, N, D, dtype) of the grid), in one run:
+"""The pack at decode sizes (every grid point of at most 1024 rows, B x H), in one run:
 the straightforward kernel, the pack as landed before the sixth pass (a copy of that package,
 imported under another name), and this checkout's pack with its table and with vector loads
 at decode sizes. Rounds interleave the variants (the spread between rounds is the noise);
@@ -18,7 +18,7 @@ from dcp_a2a.testing.bench import _inputs, grid_points, time_us
 VECTOR = {**tuning.TABLE, "pack": tuning.CANDIDATES["pack_fifth_pass"]["pack"]}
 rows = []
 for (b, h, n, d, dt) in grid_points():
-    if b > 4:
+    if b * h > 1024:
         continue
     dtype, es, p, hpr, out, lse, send = _inputs(b, h, d, n, dt)
     nbytes = out.numel() * es + lse.numel() * 4 + send.numel() * es

@@ -1,0 +1,51 @@
+"""The pack above 64k rows where H/N = 16 (and the fp32 and 1024-token neighbours): the slab
+kernel at G heads x warps and the row kernel (16 heads x 256 words, 8 / 16 warps) next to the
+table and the straightforward kernel, in interleaved rounds (docs/perf.md, sixth pass). Every
+variant's send buffer is first checked bit for bit against the straightforward kernel's.
+
+    python docs/perf_data/pack_large_variants.py OUT.json   (on a GPU)
+"""
+import json, statistics, sys
+import torch
+from dcp_a2a.kernels import tuning
+from dcp_a2a.ops import pack_send
+from dcp_a2a.testing import straightforward as sf
+from dcp_a2a.testing.bench import _inputs, copy_bandwidth, time_us
+
+POINTS = [(8192, 64, 4, 512, dt) for dt in ("bfloat16", "float16", "float32")]
+POINTS += [(8192, 128, 8, 512, "bfloat16"), (8192, 128, 8, 512, "float32"),
+           (1024, 128, 8, 512, "float32"), (8192, 64, 8, 512, "bfloat16")]
+VARIANTS = {f"slab{g}x{w}": tuning.Launch(g, 1024, w, slab=True)
+            for g in (4, 8, 16) for w in (4, 8, 16)}
+VARIANTS.update({f"row16x{w}": tuning.Launch(16, 1024, w) for w in (8, 16)})
+copy = copy_bandwidth()
+rows = []
+for (b, h, n, d, dt) in POINTS:
+    dtype, es, p, hpr, out, lse, send = _inputs(b, h, d, n, dt)
+    nbytes = out.numel() * es + lse.numel() * 4 + send.numel() * es
+    sf.pack(out, lse, send)
+    ref = send.view(torch.uint8).clone()
+    fns = {"sf": lambda: sf.pack(out, lse, send), "table": lambda: pack_send(out, lse, send, n, hpr, d, p)}
+    r = dict(B=b, H=h, N=n, D=d, dtype=dt, table_launch=str(tuning.launch(
+        "pack", b, h, d // 2 if es == 2 else d, n, True)), us={}, rounds={})
+    names = list(fns) + list(VARIANTS)
+    for _ in range(2):
+        for name in names:
+            if name in VARIANTS:
+                tuning.OVERRIDES["pack"] = VARIANTS[name]
+            try:
+                send.view(torch.uint8).fill_(0xFF)
+                fns.get(name, fns["table"])()
+                assert torch.equal(send.view(torch.uint8), ref), (name, b, h, n, d, dt)
+                r["rounds"].setdefault(name, []).append(time_us(fns.get(name, fns["table"]), nbytes)[0])
+            finally:
+                tuning.OVERRIDES.clear()
+    r["us"] = {k: statistics.median(v) for k, v in r["rounds"].items()}
+    r["pct_copy"] = {k: 100 * nbytes / v / 1e3 / copy for k, v in r["us"].items()}
+    rows.append(r)
+    best = min((v, k) for k, v in r["us"].items() if k != "sf")
+    print(b, h, n, d, dt, r["table_launch"], "sf %.1f table %.1f (%.1f%%) best %s %.1f (%.1f%%)" % (
+        r["us"]["sf"], r["us"]["table"], r["pct_copy"]["table"], best[1], best[0], r["pct_copy"][best[1]]),
+        " ".join(f"{k} {v:.1f}" for k, v in r["us"].items()), flush=True)
+    json.dump(dict(copy_gbps=copy, device=torch.cuda.get_device_name(), rows=rows),
+              open(sys.argv[1], "w"), indent=1)
