@@ -45,13 +45,14 @@ class Rule:
 
     ``slab`` (pack only): the slab kernel (:mod:`dcp_a2a.kernels.pack`), for problems it fits
     (``slab_ok``): a program's heads fill ``lanes`` lanes, at least 4 and at most what divides
-    a peer's H/N; ``slab_warps`` ((lanes, warps), ...) gives the warps of the first entry the
-    program's lanes reach. A program of fewer than ``min_lanes`` lanes does not take the rule
+    a peer's H/N; ``slab_warps`` ((lanes, heads, warps), ...) gives the warps of the first entry
+    whose lanes and heads the program reaches. A program of fewer than ``min_lanes`` lanes does not take the rule
     (the next rule of the table does).
 
     ``lane_loads`` (pack's row kernel): its loads are one lane a thread, in the layout of its
     wire stores, instead of 16-byte vectors that a shared-memory shuffle and a CTA barrier
-    then hand to the stores' layout (a decode launch waits on that shuffle)."""
+    then hand to the stores' layout (a decode launch waits on that shuffle). With
+    ``max_head_lanes`` the rule takes only heads of at most that many lanes."""
 
     max_rows: float
     block_d_cap: int
@@ -65,12 +66,15 @@ class Rule:
     slab_warps: tuple[tuple[int, int], ...] = ()
     min_lanes: int = 0
     lane_loads: bool = False
+    max_head_lanes: int = 0
 
     def launch(self, batch: int, heads: int, head_lanes: int, ranks: int = 1,
                slab_ok: bool = False, any_size: bool = False) -> Launch | None:
         """The launch, or None where this rule does not take the problem (a slab rule where
-        the problem does not fit the slab kernel, or below ``min_lanes`` unless
-        ``any_size``)."""
+        the problem does not fit the slab kernel, below ``min_lanes`` or above
+        ``max_head_lanes``, unless ``any_size``)."""
+        if self.max_head_lanes and head_lanes > self.max_head_lanes and not any_size:
+            return None
         block_d = min(next_pow2(head_lanes), self.block_d_cap)
         lanes = self.lanes // ranks if self.per_rank else self.lanes
         rows = prev_pow2(max(1, lanes // block_d))
@@ -80,7 +84,8 @@ class Rule:
             g = slab_heads(rows, heads, ranks)
             if g * head_lanes < self.min_lanes and not any_size:
                 return None
-            warps = next(w for at_least, w in self.slab_warps if g * head_lanes >= at_least)
+            warps = next(w for lanes_, heads_, w in self.slab_warps
+                         if g * head_lanes >= lanes_ and g >= heads_)
             return Launch(g, block_d, warps, self.stream, slab=True)
         block_h = _fit(rows, heads)
         block_b = _fit(rows // block_h, batch) if self.span_tokens else 1
@@ -111,10 +116,16 @@ TABLE: dict[str, tuple[Rule, ...]] = {
     # heads; warps by the program's lanes, from a sweep of every such grid point. Programs of
     # 256 lanes lost to the row kernel (D=64 bf16, 8 heads: 44.9 against 43.2 us), 320 won
     # (D=80, 8 heads: 46.9 against 65.3 us); the row rule after it takes the rest)
-    "pack": (Rule(256, 1024, 256, 4, lane_loads=True), Rule(1024, 1024, 512, 4, lane_loads=True),
-             Rule(65536, 1024, 512, 1),
+    # (sixth pass: up to 1024 rows the loads in the stores' layout, 2-3 % faster, except heads
+    # of 512 lanes (fp32 D=512) from 256 rows, where the vector loads were 3 % faster; above
+    # 64k rows a 16-head slab program (4096 lanes of 16-bit D=512) takes 16 warps: 4 had
+    # become 285 us at B=8192 H=64 N=4 bf16, 16 took 270 us; 4096 lanes of fp32 keep 4)
+    "pack": (Rule(256, 1024, 256, 4, lane_loads=True),
+             Rule(1024, 1024, 512, 4, lane_loads=True, max_head_lanes=256),
+             Rule(1024, 1024, 512, 4), Rule(65536, 1024, 512, 1),
              Rule(_ANY, 1024, 4096, 4, slab=True, min_lanes=320,
-                  slab_warps=((4096, 4), (2048, 8), (1024, 4), (0, 1))),
+                  slab_warps=((4096, 16, 16), (4096, 0, 4), (2048, 0, 8), (1024, 0, 4),
+                              (0, 0, 1))),
              Rule(_ANY, 1024, 4096, 8, one_peer_warps=16)),
     # one head per program while that keeps the GPU busy (8 warps at the smallest sizes, 4 up to
     # 16k rows: as many programs as the straightforward design, which otherwise won at B 32-128);
@@ -134,9 +145,12 @@ INTERPRETER = {"pack": Rule(_ANY, 1024, 4096, 4),
                "combine": Rule(_ANY, 512, 4096, 4, span_tokens=True),
                "scale": Rule(_ANY, 512, 4096, 4, span_tokens=True)}
 
-# The pack rules as the fifth pass left them (docs/perf.md): vector loads at every size.
+# The pack rules as the fifth pass left them (docs/perf.md): vector loads at every size, 4 warps
+# for every slab program of 4096 lanes.
 _PACK_FIFTH = (Rule(256, 1024, 256, 4), Rule(1024, 1024, 512, 4), Rule(65536, 1024, 512, 1),
-               *TABLE["pack"][3:])
+               replace(TABLE["pack"][4], slab_warps=((4096, 0, 4), (2048, 0, 8), (1024, 0, 4),
+                                                     (0, 0, 1))),
+               TABLE["pack"][5])
 
 # Tables the benchmark can compare with TABLE in one run (``python -m dcp_a2a.testing.bench
 # --grid --tables table,head_per_program``); docs/perf.md has the grid where these were chosen.
@@ -171,13 +185,10 @@ CANDIDATES: dict[str, dict[str, tuple[Rule, ...]]] = {
     "pack_fourth_pass": {**TABLE, "pack": _PACK_FIFTH[:3] + _PACK_FIFTH[4:]},
     # the pack rules of the fifth pass (vector loads at every size)
     "pack_fifth_pass": {**TABLE, "pack": _PACK_FIFTH},
-    # sixth pass: lane loads also up to 64k rows; the slab kernel (one warp, 512 lanes) from 8k
-    # to 64k rows where it fits
-    "pack_lane_mid": {**TABLE, "pack": TABLE["pack"][:2] + (
-        Rule(65536, 1024, 512, 1, lane_loads=True),) + TABLE["pack"][3:]},
-    "pack_slab_mid": {**TABLE, "pack": TABLE["pack"][:2] + (
-        Rule(8192, 1024, 512, 1), Rule(65536, 1024, 512, 1, slab=True, slab_warps=((0, 1),)))
-        + TABLE["pack"][2:]},
+    # sixth pass: lane loads at every size up to 1024 rows (fp32 D=512 included)
+    "pack_lane_all": {**TABLE, "pack": (TABLE["pack"][0], replace(TABLE["pack"][1],
+                                                                  max_head_lanes=0))
+                      + TABLE["pack"][3:]},
     # the pack rules of the third pass (one head a program and 2 warps up to 1024 rows, 4096
     # lanes and 8 warps above)
     "pack_third_pass": {**TABLE, "pack": (Rule(1024, 1024, 1, 2), Rule(32768, 1024, 4096, 8),

@@ -81,5 +81,5 @@ def test_large_pack_stores_16_byte_vectors(ptx, shape):
     code = ptx[f"pack_{shape}"]
     stores = [code[i] for i in _lines(code, "st.global")]
     narrow = [line for line in stores if "st.global.v4" not in line]
-    assert len(stores) >= 8 and len(narrow) <= 1, stores
+    assert len(stores) - len(narrow) >= 2 and len(narrow) <= 1, stores
     assert not _lines(code, "st.shared") and not _lines(code, "bar.sync")

@@ -70,9 +70,10 @@ def test_large_pack_programs_follow_the_peer_slab(compiled, h, n, heads, warps):
 
 
 @pytest.mark.parametrize("h, n, words, heads, warps", [
-    (64, 4, 256, 16, 4),   # D=512 16-bit: 16 heads = 4096 lanes, 4 warps
+    (64, 4, 256, 16, 16),  # D=512 16-bit: 16 heads = 4096 lanes, 16 warps
+    (128, 8, 256, 16, 16),
     (64, 8, 256, 8, 8),    # 8 heads a peer: 2048 lanes, 8 warps
-    (128, 8, 512, 8, 4),   # D=512 fp32: 8 heads = 4096 lanes
+    (128, 8, 512, 8, 4),   # D=512 fp32: 8 heads = 4096 lanes, 4 warps
     (64, 4, 64, 16, 4),    # D=128 16-bit: all 16 of a peer's heads, 1024 lanes
     (32, 4, 40, 8, 1),     # D=80 16-bit: 8 heads = 320 lanes, one warp
 ])
@@ -100,3 +101,20 @@ def test_slab_heads_divide_a_peers_heads(per_peer):
     for block in (1, 4, 8, 16, 64):
         g = tuning.slab_heads(block, per_peer * 2, 2)
         assert g >= 4 and per_peer % g == 0 and g & (g - 1) == 0 and (g <= block or g == 4)
+
+
+@pytest.mark.parametrize("b, h, n, lanes, lane_loads", [
+    (1, 128, 8, 256, True),    # D=512 16-bit at B=1
+    (4, 64, 4, 128, True),     # D=128 fp32
+    (16, 64, 4, 256, True),    # 1024 rows of 256-lane heads
+    (1, 128, 8, 512, True),    # D=512 fp32 up to 256 rows
+    (16, 64, 4, 512, False),   # ... and from 256 to 1024 rows: vector loads
+    (64, 64, 4, 64, False),    # above 1024 rows
+    (8192, 64, 4, 256, False),
+])
+def test_decode_packs_load_in_the_stores_layout(compiled, b, h, n, lanes, lane_loads):
+    """Up to 1024 rows the pack's loads are single lanes in the layout of its stores, but
+    for heads of 512 lanes from 256 rows (the vector loads were faster there)."""
+    assert tuning.launch("pack", b, h, lanes, n).lane_loads == lane_loads
+    every = tuning.every_launch("pack", b, h, lanes, n)
+    assert {c.lane_loads for c in every} == {True, False}  # the tests run both
