@@ -185,7 +185,13 @@ CANDIDATES: dict[str, dict[str, tuple[Rule, ...]]] = {
     "pack_fourth_pass": {**TABLE, "pack": _PACK_FIFTH[:3] + _PACK_FIFTH[4:]},
     # the pack rules of the fifth pass (vector loads at every size)
     "pack_fifth_pass": {**TABLE, "pack": _PACK_FIFTH},
-    # sixth pass: lane loads at every size up to 1024 rows (fp32 D=512 included)
+    # sixth pass (docs/perf.md): lane loads also up to 64k rows; the slab kernel (one warp,
+    # 512 lanes) from 8k to 64k rows where it fits; lane loads for every head up to 1024 rows
+    "pack_lane_mid": {**TABLE, "pack": TABLE["pack"][:3] + (
+        Rule(65536, 1024, 512, 1, lane_loads=True),) + TABLE["pack"][4:]},
+    "pack_slab_mid": {**TABLE, "pack": TABLE["pack"][:3] + (
+        Rule(8192, 1024, 512, 1), Rule(65536, 1024, 512, 1, slab=True, slab_warps=((0, 0, 1),)))
+        + TABLE["pack"][3:]},
     "pack_lane_all": {**TABLE, "pack": (TABLE["pack"][0], replace(TABLE["pack"][1],
                                                                   max_head_lanes=0))
                       + TABLE["pack"][3:]},
