@@ -46,8 +46,8 @@ class Rule:
     ``slab`` (pack only): the slab kernel (:mod:`dcp_a2a.kernels.pack`), for problems it fits
     (``slab_ok``): a program's heads fill ``lanes`` lanes, at least 4 and at most what divides
     a peer's H/N; ``slab_warps`` ((lanes, heads, warps), ...) gives the warps of the first entry
-    whose lanes and heads the program reaches. A program of fewer than ``min_lanes`` lanes does not take the rule
-    (the next rule of the table does).
+    whose lanes and heads the program reaches. A program of fewer than ``min_lanes`` lanes
+    does not take the rule (the next rule of the table does).
 
     ``lane_loads`` (pack's row kernel): its loads are one lane a thread, in the layout of its
     wire stores, instead of 16-byte vectors that a shared-memory shuffle and a CTA barrier
@@ -63,7 +63,7 @@ class Rule:
     per_rank: bool = False
     one_peer_warps: int = 0
     slab: bool = False
-    slab_warps: tuple[tuple[int, int], ...] = ()
+    slab_warps: tuple[tuple[int, int, int], ...] = ()
     min_lanes: int = 0
     lane_loads: bool = False
     max_head_lanes: int = 0

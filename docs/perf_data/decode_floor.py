@@ -4,7 +4,7 @@ imported under another name), and this checkout's pack with its table and with v
 at decode sizes. Rounds interleave the variants (the spread between rounds is the noise);
 each variant's send buffer is checked bit for bit against the straightforward kernel's first.
 
-    python docs/perf_data/decode_floor.py OUT.json HEAD_PACKAGE_PARENT   (on a GPU)
+    python docs/perf_data/decode_floor.py OUT.json HEAD_PACKAGE_PARENT   (on a GPU; PYTHONPATH=. from the checkout)
 """
 import importlib, json, statistics, sys
 import torch

@@ -3,7 +3,7 @@ kernel at G heads x warps and the row kernel (16 heads x 256 words, 8 / 16 warps
 table and the straightforward kernel, in interleaved rounds (docs/perf.md, sixth pass). Every
 variant's send buffer is first checked bit for bit against the straightforward kernel's.
 
-    python docs/perf_data/pack_large_variants.py OUT.json   (on a GPU)
+    python docs/perf_data/pack_large_variants.py OUT.json   (on a GPU; PYTHONPATH=. from the checkout)
 """
 import json, statistics, sys
 import torch
