@@ -62,12 +62,12 @@ def _pack_to_peers_kernel(
     s_ob, s_oh, s_od, s_lb, s_lh,
     N: tl.constexpr, P: tl.constexpr, HAS_MASK: tl.constexpr,
     BLOCK_B: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, STREAM: tl.constexpr,
-    ONE_TILE: tl.constexpr, LANE_LOADS: tl.constexpr,
+    ONE_TILE: tl.constexpr, LANE_LOADS: tl.constexpr, HEAD_MAJOR: tl.constexpr,
 ):
     """Step 1 of the module docstring, for this program's rows (b, h) (as the pack kernel).
     ``recv_bits_ptr`` (this rank's buffer) only gives the lane type of the peers' buffers;
     ``slot_lanes`` is one slot's size in those lanes."""
-    b, h, row_ok = program_rows(B, H, BLOCK_B, BLOCK_H, True)
+    b, h, row_ok = program_rows(B, H, BLOCK_B, BLOCK_H, True, HEAD_MAJOR)
     e = tl.load(epoch_ptr)
     owner = h // HPR
     base = tl.load(peer_recv_ptrs + owner, mask=row_ok, other=0)
@@ -132,7 +132,7 @@ def pack_to_peers(out, lse, tables, seq_lens=None, query_start_loc=None) -> None
         N=tables.world_size, P=lanes_p, HAS_MASK=has_mask, BLOCK_B=cfg.block_b,
         BLOCK_H=cfg.block_h,
         BLOCK_D=cfg.block_d, STREAM=cfg.stream, ONE_TILE=cfg.block_d >= lanes,
-        LANE_LOADS=cfg.lane_loads, num_warps=cfg.num_warps,
+        LANE_LOADS=cfg.lane_loads, HEAD_MAJOR=cfg.head_major, num_warps=cfg.num_warps,
     )
 
 

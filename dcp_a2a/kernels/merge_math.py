@@ -30,19 +30,24 @@ NO_CONTRACTION = {"enable_fp_fusion": False}
 
 
 @triton.jit
-def program_rows(B, H, BLOCK_B: tl.constexpr, BLOCK_H: tl.constexpr, WIDE: tl.constexpr):
+def program_rows(B, H, BLOCK_B: tl.constexpr, BLOCK_H: tl.constexpr, WIDE: tl.constexpr,
+                 HEAD_MAJOR: tl.constexpr = False):
     """The rows (token b, head h) of this program on the grid (cdiv(B, BLOCK_B),
-    cdiv(H, BLOCK_H)): BLOCK_B tokens x BLOCK_H heads (both powers of two), flattened as
-    [BLOCK_B * BLOCK_H] vectors b, h and ok (the row exists). With BLOCK_B = 1, ``b`` is the
-    scalar program id (no per-lane token arithmetic on the decode path). ``WIDE``: int64."""
+    cdiv(H, BLOCK_H)), or (cdiv(H, BLOCK_H), cdiv(B, BLOCK_B)) with ``HEAD_MAJOR`` (programs
+    launched one after another then walk a token's heads, not a head's tokens): BLOCK_B tokens
+    x BLOCK_H heads (both powers of two), flattened as [BLOCK_B * BLOCK_H] vectors b, h and ok
+    (the row exists). With BLOCK_B = 1, ``b`` is the scalar program id (no per-lane token
+    arithmetic on the decode path). ``WIDE``: int64."""
     r = tl.arange(0, BLOCK_B * BLOCK_H)
+    pid_b = tl.program_id(1 if HEAD_MAJOR else 0)
+    pid_h = tl.program_id(0 if HEAD_MAJOR else 1)
     if BLOCK_B == 1:  # the grid has exactly B token columns
-        b = tl.program_id(0)
-        h = tl.program_id(1) * BLOCK_H + r
+        b = pid_b
+        h = pid_h * BLOCK_H + r
         ok = h < H
     else:
-        b = tl.program_id(0) * BLOCK_B + r // BLOCK_H
-        h = tl.program_id(1) * BLOCK_H + r % BLOCK_H
+        b = pid_b * BLOCK_B + r // BLOCK_H
+        h = pid_h * BLOCK_H + r % BLOCK_H
         ok = (b < B) & (h < H)
     if WIDE:
         b = b.to(tl.int64)

@@ -97,13 +97,14 @@ def _pack_kernel(
     P: tl.constexpr, HAS_MASK: tl.constexpr,
     BLOCK_B: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, STREAM: tl.constexpr,
     ONE_TILE: tl.constexpr, WIDE: tl.constexpr, LANE_LOADS: tl.constexpr,
+    HEAD_MAJOR: tl.constexpr,
 ):
     """This program's rows (b, h) to send[h // HPR, b, h % HPR, :]. ``WIDE``: some offset may
     pass 2^31 elements, so index in int64 (else int32, fewer instructions at decode sizes).
     ``HPR`` (heads a peer) is a constexpr: dividing by it is then a multiply and a shift; a
     run-time divisor took some twenty dependent instructions per head lane, between a decode
     launch's loads and its stores (one compile per H/N, which an engine fixes)."""
-    b, h, ok = program_rows(B, H, BLOCK_B, BLOCK_H, WIDE)
+    b, h, ok = program_rows(B, H, BLOCK_B, BLOCK_H, WIDE, HEAD_MAJOR)
     row = (((h // HPR) * B + b) * HPR + h % HPR) * (D + P)
     write_rows(out_bits_ptr, lse_ptr, send_bits_ptr + row, seq_lens_ptr, qsl_ptr, b, h, ok,
                D, num_seqs, steps, s_ob, s_oh, s_od, s_lb, s_lh,
@@ -210,14 +211,14 @@ def _pack_slab_kernel(
     out_words_ptr, lse_ptr, send_words_ptr, seq_lens_ptr, qsl_ptr,
     B, HPR4, num_seqs, steps, s_ob4, s_oh4, s_lb, s_lh,
     G: tl.constexpr, W: tl.constexpr, VT: tl.constexpr, TT: tl.constexpr,
-    HAS_MASK: tl.constexpr, WIDE: tl.constexpr,
+    HAS_MASK: tl.constexpr, WIDE: tl.constexpr, HEAD_MAJOR: tl.constexpr,
 ):
     """Program (b, g): token b, heads g*G .. g*G+G-1 (one peer's, G % 4 == 0), the chunk of
     G * (W + 1) words at send[r, b, j0:j0+G, :] as 16-byte vectors, in two tiles (VT and TT
     vectors; a chunk's vector count has the odd factor W + 1). ``s_ob4``, ``s_oh4``: out's
     token and head strides in 4-word vectors (its lane stride is 1)."""
-    b = tl.program_id(0)
-    h0 = tl.program_id(1) * G
+    b = tl.program_id(1 if HEAD_MAJOR else 0)
+    h0 = tl.program_id(0 if HEAD_MAJOR else 1) * G
     if WIDE:
         b = b.to(tl.int64)
         h0 = h0.to(tl.int64)
@@ -296,7 +297,7 @@ def pack(out, lse, send, h_per_rank, seq_lens=None, query_start_loc=None) -> Non
         P=lanes_p, HAS_MASK=has_mask, BLOCK_B=cfg.block_b, BLOCK_H=cfg.block_h,
         BLOCK_D=cfg.block_d,
         STREAM=cfg.stream, ONE_TILE=cfg.block_d >= lanes, WIDE=wide, LANE_LOADS=cfg.lane_loads,
-        num_warps=cfg.num_warps,
+        HEAD_MAJOR=cfg.head_major, num_warps=cfg.num_warps,
     )
 
 
@@ -310,7 +311,7 @@ def _launch_slab(src, lse, dst, sl, qsl, num_seqs, steps, has_mask, hpr, words, 
         B, hpr // 4, num_seqs, steps,
         src.stride(0) // 4, src.stride(1) // 4, lse.stride(0), lse.stride(1),
         G=g, W=words, VT=main, TT=next_pow2(vectors - main), HAS_MASK=has_mask, WIDE=wide,
-        num_warps=cfg.num_warps,
+        HEAD_MAJOR=cfg.head_major, num_warps=cfg.num_warps,
     )
 
 

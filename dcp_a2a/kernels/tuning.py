@@ -25,9 +25,14 @@ class Launch:
     block_b: int = 1  # tokens a program (a power of two; > 1 only in the interpreter, see below)
     slab: bool = False  # pack only: the slab kernel, BLOCK_H heads (4 | BLOCK_H | H/N) a chunk
     lane_loads: bool = False  # pack's row kernel: loads in the stores' layout (no shared memory)
+    head_major: bool = False  # pack: the grid's first axis walks heads (see ``grid``)
 
     def grid(self, batch: int, heads: int) -> tuple[int, int]:
-        return (-(-batch // self.block_b), -(-heads // self.block_h))
+        """(token blocks, head blocks), or with ``head_major`` (head blocks, token blocks):
+        programs are dispatched first axis first, so those running at once then read one
+        token's heads (consecutive bytes), not one head of consecutive tokens (H x D apart)."""
+        tokens, head_blocks = -(-batch // self.block_b), -(-heads // self.block_h)
+        return (head_blocks, tokens) if self.head_major else (tokens, head_blocks)
 
 
 @dataclass(frozen=True)
@@ -51,8 +56,11 @@ class Rule:
 
     ``lane_loads`` (pack's row kernel): its loads are one lane a thread, in the layout of its
     wire stores, instead of 16-byte vectors that a shared-memory shuffle and a CTA barrier
-    then hand to the stores' layout (a decode launch waits on that shuffle). With
-    ``max_head_lanes`` the rule takes only heads of at most that many lanes."""
+    then hand to the stores' layout (a decode launch waits on that shuffle).
+    ``head_major`` (pack): the grid's first axis walks heads (``Launch.grid``).
+
+    A rule takes only problems of more than ``min_rows`` rows, and with ``min_head_lanes`` /
+    ``max_head_lanes`` only heads of at least / at most that many lanes."""
 
     max_rows: float
     block_d_cap: int
@@ -66,14 +74,19 @@ class Rule:
     slab_warps: tuple[tuple[int, int, int], ...] = ()
     min_lanes: int = 0
     lane_loads: bool = False
+    min_head_lanes: int = 0
     max_head_lanes: int = 0
+    head_major: bool = False
+    min_rows: int = 0
 
     def launch(self, batch: int, heads: int, head_lanes: int, ranks: int = 1,
                slab_ok: bool = False, any_size: bool = False) -> Launch | None:
         """The launch, or None where this rule does not take the problem (a slab rule where
-        the problem does not fit the slab kernel, below ``min_lanes`` or above
-        ``max_head_lanes``, unless ``any_size``)."""
-        if self.max_head_lanes and head_lanes > self.max_head_lanes and not any_size:
+        the problem does not fit the slab kernel; unless ``any_size``, rows or head lanes out of
+        the rule's bounds, a slab program below ``min_lanes``)."""
+        if not any_size and (batch * heads <= self.min_rows
+                             or head_lanes < self.min_head_lanes
+                             or (self.max_head_lanes and head_lanes > self.max_head_lanes)):
             return None
         block_d = min(next_pow2(head_lanes), self.block_d_cap)
         lanes = self.lanes // ranks if self.per_rank else self.lanes
@@ -86,7 +99,7 @@ class Rule:
                 return None
             warps = next(w for lanes_, heads_, w in self.slab_warps
                          if g * head_lanes >= lanes_ and g >= heads_)
-            return Launch(g, block_d, warps, self.stream, slab=True)
+            return Launch(g, block_d, warps, self.stream, slab=True, head_major=self.head_major)
         block_h = _fit(rows, heads)
         block_b = _fit(rows // block_h, batch) if self.span_tokens else 1
         warps = self.num_warps
@@ -96,7 +109,7 @@ class Rule:
         elif self.one_peer_warps and block_h == 2 * slab and block_h * block_d == lanes:
             block_h = slab  # a full program that straddled two peers: one peer's slab instead
         return Launch(block_h, block_d, warps, self.stream, block_b,
-                      lane_loads=self.lane_loads)
+                      lane_loads=self.lane_loads, head_major=self.head_major)
 
 
 _ANY = float("inf")
@@ -120,9 +133,19 @@ TABLE: dict[str, tuple[Rule, ...]] = {
     # of 512 lanes (fp32 D=512) from 256 rows, where the vector loads were 3 % faster; above
     # 64k rows a 16-head slab program (4096 lanes of 16-bit D=512) takes 16 warps: 4 had
     # become 285 us at B=8192 H=64 N=4 bf16, 16 took 270 us; 4096 lanes of fp32 keep 4)
+    # (seventh pass: heads of 512 lanes (fp32 D=512) from 4k to 8k rows in the slab kernel, 4
+    # heads and 2 warps a program (0.90-0.92 of the straightforward kernel's time against
+    # 0.95-0.97); above 8k rows the row kernel, a head and a warp a program, on a head-major
+    # grid: programs running at once read one token's heads, consecutive bytes (0.93-0.98
+    # against 0.96-1.00, and 4 % faster than the slab kernel above 64k rows))
     "pack": (Rule(256, 1024, 256, 4, lane_loads=True),
              Rule(1024, 1024, 512, 4, lane_loads=True, max_head_lanes=256),
-             Rule(1024, 1024, 512, 4), Rule(65536, 1024, 512, 1),
+             Rule(1024, 1024, 512, 4),
+             Rule(8192, 1024, 2048, 2, slab=True, slab_warps=((0, 0, 2),), min_rows=4096,
+                  min_head_lanes=512, max_head_lanes=512),
+             Rule(_ANY, 1024, 512, 1, head_major=True, min_rows=8192, min_head_lanes=512,
+                  max_head_lanes=512),
+             Rule(65536, 1024, 512, 1),
              Rule(_ANY, 1024, 4096, 4, slab=True, min_lanes=320,
                   slab_warps=((4096, 16, 16), (4096, 0, 4), (2048, 0, 8), (1024, 0, 4),
                               (0, 0, 1))),
@@ -145,12 +168,15 @@ INTERPRETER = {"pack": Rule(_ANY, 1024, 4096, 4),
                "combine": Rule(_ANY, 512, 4096, 4, span_tokens=True),
                "scale": Rule(_ANY, 512, 4096, 4, span_tokens=True)}
 
-# The pack rules as the fifth pass left them (docs/perf.md): vector loads at every size, 4 warps
-# for every slab program of 4096 lanes.
+# The pack rules as the sixth pass left them (docs/perf.md): no rule of their own for heads of
+# 512 lanes above 1024 rows.
+_PACK_SIXTH = TABLE["pack"][:3] + TABLE["pack"][5:]
+# ... and as the fifth pass left them: vector loads at every size, 4 warps for every slab
+# program of 4096 lanes.
 _PACK_FIFTH = (Rule(256, 1024, 256, 4), Rule(1024, 1024, 512, 4), Rule(65536, 1024, 512, 1),
-               replace(TABLE["pack"][4], slab_warps=((4096, 0, 4), (2048, 0, 8), (1024, 0, 4),
-                                                     (0, 0, 1))),
-               TABLE["pack"][5])
+               replace(_PACK_SIXTH[4], slab_warps=((4096, 0, 4), (2048, 0, 8), (1024, 0, 4),
+                                                   (0, 0, 1))),
+               _PACK_SIXTH[5])
 
 # Tables the benchmark can compare with TABLE in one run (``python -m dcp_a2a.testing.bench
 # --grid --tables table,head_per_program``); docs/perf.md has the grid where these were chosen.
@@ -187,14 +213,16 @@ CANDIDATES: dict[str, dict[str, tuple[Rule, ...]]] = {
     "pack_fifth_pass": {**TABLE, "pack": _PACK_FIFTH},
     # sixth pass (docs/perf.md): lane loads also up to 64k rows; the slab kernel (one warp,
     # 512 lanes) from 8k to 64k rows where it fits; lane loads for every head up to 1024 rows
-    "pack_lane_mid": {**TABLE, "pack": TABLE["pack"][:3] + (
-        Rule(65536, 1024, 512, 1, lane_loads=True),) + TABLE["pack"][4:]},
-    "pack_slab_mid": {**TABLE, "pack": TABLE["pack"][:3] + (
+    "pack_lane_mid": {**TABLE, "pack": _PACK_SIXTH[:3] + (
+        Rule(65536, 1024, 512, 1, lane_loads=True),) + _PACK_SIXTH[4:]},
+    "pack_slab_mid": {**TABLE, "pack": _PACK_SIXTH[:3] + (
         Rule(8192, 1024, 512, 1), Rule(65536, 1024, 512, 1, slab=True, slab_warps=((0, 0, 1),)))
-        + TABLE["pack"][3:]},
-    "pack_lane_all": {**TABLE, "pack": (TABLE["pack"][0], replace(TABLE["pack"][1],
-                                                                  max_head_lanes=0))
-                      + TABLE["pack"][3:]},
+        + _PACK_SIXTH[3:]},
+    "pack_lane_all": {**TABLE, "pack": (_PACK_SIXTH[0], replace(_PACK_SIXTH[1],
+                                                                max_head_lanes=0))
+                      + _PACK_SIXTH[3:]},
+    # the pack rules of the sixth pass
+    "pack_sixth_pass": {**TABLE, "pack": _PACK_SIXTH},
     # the pack rules of the third pass (one head a program and 2 warps up to 1024 rows, 4096
     # lanes and 8 warps above)
     "pack_third_pass": {**TABLE, "pack": (Rule(1024, 1024, 1, 2), Rule(32768, 1024, 4096, 8),
@@ -219,12 +247,21 @@ def slab_heads(block: int, heads: int, ranks: int) -> int:
     return max(4, min(prev_pow2(max(1, block)), per_peer & -per_peer))
 
 
-def _compiled(cfg: Launch) -> Launch:
+# CUDA's limit on a grid's second axis: a head-major grid has its token blocks there.
+_MAX_GRID_Y = 65535
+
+
+def _compiled(cfg: Launch, batch: int = 1) -> Launch:
     """One token a program when compiled. Several (BLOCK_B > 1) exist for the interpreter's
     sake; compiled, the pack with BLOCK_B = 2 stopped on a misaligned address on an H200
     (Triton 3.6 vectorised a store over the flattened token x head index), so no compiled
-    launch uses them."""
-    return cfg if _env.INTERPRET or cfg.block_b == 1 else replace(cfg, block_b=1)
+    launch uses them. A head-major launch of more token blocks than a grid's second axis
+    holds becomes token-major (the same bytes, programs in another order)."""
+    if not _env.INTERPRET and cfg.block_b != 1:
+        cfg = replace(cfg, block_b=1)
+    if cfg.head_major and -(-batch // cfg.block_b) > _MAX_GRID_Y:
+        cfg = replace(cfg, head_major=False)
+    return cfg
 
 
 def launch(kind: str, batch: int, heads: int, head_lanes: int, ranks: int = 1,
@@ -237,16 +274,17 @@ def launch(kind: str, batch: int, heads: int, head_lanes: int, ranks: int = 1,
         o = OVERRIDES[kind]
         block_d = min(o.block_d, next_pow2(head_lanes))
         if o.slab and slab_ok:
-            return Launch(slab_heads(o.block_h, heads, ranks), block_d, o.num_warps, o.stream,
-                          slab=True)
+            return _compiled(Launch(slab_heads(o.block_h, heads, ranks), block_d, o.num_warps,
+                                    o.stream, slab=True, head_major=o.head_major), batch)
         return _compiled(Launch(_fit(o.block_h, heads), block_d, o.num_warps, o.stream,
-                                _fit(o.block_b, batch), lane_loads=o.lane_loads))
+                                _fit(o.block_b, batch), lane_loads=o.lane_loads,
+                                head_major=o.head_major), batch)
     if _env.INTERPRET:
         return INTERPRETER[kind].launch(batch, heads, head_lanes, ranks)
     # the first rule that takes the problem (each table ends in a rule that takes any)
     taken = (r.launch(batch, heads, head_lanes, ranks, slab_ok) for r in ACTIVE[kind]
              if batch * heads <= r.max_rows)
-    return _compiled(next(cfg for cfg in taken if cfg is not None))
+    return _compiled(next(cfg for cfg in taken if cfg is not None), batch)
 
 
 def every_launch(kind: str, batch: int, heads: int, head_lanes: int,
@@ -256,8 +294,8 @@ def every_launch(kind: str, batch: int, heads: int, head_lanes: int,
     seen = []
     for rule in ACTIVE[kind] + (INTERPRETER[kind],):
         cfg = rule.launch(batch, heads, head_lanes, ranks, slab_ok, any_size=True)
-        if cfg is not None and _compiled(cfg) not in seen:
-            seen.append(_compiled(cfg))
+        if cfg is not None and _compiled(cfg, batch) not in seen:
+            seen.append(_compiled(cfg, batch))
     return seen
 
 

@@ -73,7 +73,6 @@ def test_large_pack_programs_follow_the_peer_slab(compiled, h, n, heads, warps):
     (64, 4, 256, 16, 16),  # D=512 16-bit: 16 heads = 4096 lanes, 16 warps
     (128, 8, 256, 16, 16),
     (64, 8, 256, 8, 8),    # 8 heads a peer: 2048 lanes, 8 warps
-    (128, 8, 512, 8, 4),   # D=512 fp32: 8 heads = 4096 lanes, 4 warps
     (64, 4, 64, 16, 4),    # D=128 16-bit: all 16 of a peer's heads, 1024 lanes
     (32, 4, 40, 8, 1),     # D=80 16-bit: 8 heads = 320 lanes, one warp
 ])
@@ -87,12 +86,50 @@ def test_large_pack_takes_the_slab_kernel_where_it_fits(compiled, h, n, words, h
     assert not tuning.launch("pack", 512, h, words, n, slab_ok=True).slab
 
 
+@pytest.mark.parametrize("b, h, n", [(16, 128, 8), (32, 64, 4), (64, 128, 8), (128, 64, 4),
+                                     (256, 64, 8), (1024, 128, 8), (8192, 16, 2)])
+def test_heads_of_512_lanes_take_their_own_rules(compiled, b, h, n):
+    """fp32 D=512 (512-lane heads) from 1k to 4k rows: the row kernel, a head and a warp a
+    program, token-major; from 4k to 8k rows the slab kernel, 4 heads and 2 warps, where it
+    fits; above, the row kernel on a head-major grid, also where the slab kernel fits. Heads of
+    other sizes at the same rows keep the rules they had."""
+    rows = b * h
+    fits, row = (tuning.launch("pack", b, h, 512, n, slab_ok=ok) for ok in (True, False))
+    one_head = (row.block_h, row.block_d, row.num_warps, row.slab)
+    if rows <= 4096:
+        assert one_head == (1, 512, 1, False) and not row.head_major and fits == row
+    elif rows <= 8192:
+        assert (fits.block_h, fits.num_warps, fits.slab, fits.head_major) == (4, 2, True, False)
+        assert one_head == (1, 512, 1, False) and not row.head_major
+    else:
+        assert one_head == (1, 512, 1, False) and row.head_major and fits == row
+        assert row.grid(b, h) == (h, b)
+    for lanes in (256, 1024):
+        assert not tuning.launch("pack", b, h, lanes, n, slab_ok=True).head_major
+
+
+def test_head_major_grids_hold_their_tokens(compiled):
+    """A head-major grid has its tokens on CUDA's second axis (at most 65535): beyond that the
+    launch is token-major (the same bytes, programs in another order)."""
+    for b in (65535, 65536, 200000):
+        cfg = tuning.launch("pack", b, 16, 512, 2)
+        assert cfg.head_major == (b <= 65535)
+        grid = cfg.grid(b, 16)
+        assert grid[1 if cfg.head_major else 0] == b and max(grid[1:]) <= 65535
+    tuning.OVERRIDES["pack"] = tuning.Launch(1, 1024, 1, head_major=True)
+    try:
+        assert not tuning.launch("pack", 70000, 16, 512, 2).head_major
+        assert tuning.launch("pack", 7, 16, 512, 2).head_major
+    finally:
+        tuning.OVERRIDES.clear()
+
+
 def test_small_slab_programs_take_the_row_kernel(compiled):
     """D=64 16-bit with 8 heads a peer: a chunk is 256 lanes, which lost to the row kernel;
     every_launch still lists the slab launch (the tests run it whatever its size)."""
     assert not tuning.launch("pack", 8192, 64, 32, 8, slab_ok=True).slab
     every = tuning.every_launch("pack", 8192, 64, 32, 8, slab_ok=True)
-    assert [c.block_h for c in every if c.slab] == [8]
+    assert {c.block_h for c in every if c.slab} == {8}
     assert not any(c.slab for c in tuning.every_launch("pack", 8192, 64, 32, 8))
 
 

@@ -1,0 +1,99 @@
+"""Pack program order (docs/perf.md, seventh pass): at every grid point of more than 1024 rows,
+the table as landed (token-major grid: programs dispatched one after another take one head
+block of consecutive tokens, H x D elements apart in ``out``) against the same rules on a
+head-major grid (they take one token's consecutive heads), and slab-kernel launches in both
+orders; next to the straightforward kernel and a device copy of the same bytes. Rounds
+interleave the variants (their spread is the noise); each variant's send buffer is first
+checked bit for bit against the straightforward kernel's. Part "sweep": only heads of 512
+lanes (fp32 D=512) above 8k rows, head-major launches of both kernels at other program sizes
+and warps, and the row kernel with streaming cache hints.
+
+    python docs/perf_data/pack_order.py OUT.json BUDGET_SECONDS [sweep]   (on a GPU; PYTHONPATH=. from the checkout)
+"""
+import json, statistics, sys, time
+from dataclasses import replace
+import torch
+from dcp_a2a.kernels import tuning
+from dcp_a2a.kernels.pack import lanes_of, slab_fits, pack
+from dcp_a2a.testing import straightforward as sf
+from dcp_a2a.testing.bench import _inputs, grid_points, time_us, copy_bandwidth
+
+t0, budget = time.time(), float(sys.argv[2])
+HM = {**tuning.TABLE, "pack": tuple(
+    replace(r, head_major=True) for r in tuning.TABLE["pack"])}
+SLABS = {"slab4x2": tuning.Launch(4, 1024, 2, slab=True),
+         "slab4x2_hm": tuning.Launch(4, 1024, 2, slab=True, head_major=True),
+         "slab8x4": tuning.Launch(8, 1024, 4, slab=True),
+         "slab8x4_hm": tuning.Launch(8, 1024, 4, slab=True, head_major=True)}
+L = tuning.Launch
+if sys.argv[3:] == ["sweep"]:
+    HM = None
+    SLABS = {f"slab{g}x{w}_hm": L(g, 1024, w, slab=True, head_major=True)
+             for g, w in ((4, 1), (4, 2), (4, 4), (8, 2), (8, 4), (8, 8))}
+    SLABS.update({f"row{hb}x{w}_hm": L(hb, 1024, w, head_major=True)
+                  for hb, w in ((1, 1), (1, 2), (1, 4), (2, 2), (2, 4))})
+    SLABS["row1x1_hm_stream"] = L(1, 1024, 1, stream=True, head_major=True)
+copy = copy_bandwidth(1 << 30)
+pts = [p for p in grid_points() if p[0] * p[1] > 1024]
+if HM is None:
+    pts = [p for p in pts if p[0] * p[1] > 8192 and p[3] == 512 and p[4] == "float32"]
+pts.sort(key=lambda p: (not (p[4] == "float32" and p[3] == 512), p[0] * p[1] * p[3]))
+rows = []
+for (b, h, n, d, dt) in pts:
+    if time.time() - t0 > budget:
+        break
+    dtype, es, p, hpr, out, lse, send = _inputs(b, h, d, n, dt)
+    nbytes = out.numel() * es + lse.numel() * 4 + send.numel() * es
+    sf.pack(out, lse, send)
+    ref = send.view(torch.uint8).clone()
+    src, lanes, lanes_p, _ = lanes_of(out, p)
+    fits = slab_fits(src, lanes, lanes_p, hpr)
+
+    def with_table(t):
+        def run():
+            tuning.ACTIVE = t
+            try:
+                pack(out, lse, send, hpr)
+            finally:
+                tuning.ACTIVE = tuning.TABLE
+        return run
+
+    def with_override(cfg):
+        def run():
+            tuning.OVERRIDES["pack"] = cfg
+            try:
+                pack(out, lse, send, hpr)
+            finally:
+                tuning.OVERRIDES.clear()
+        return run
+
+    c_src = torch.empty(nbytes // 2, dtype=torch.uint8, device="cuda")
+    c_dst = torch.empty_like(c_src)
+    variants = {"sf": lambda: sf.pack(out, lse, send), "table": with_table(tuning.TABLE)}
+    if HM is not None:
+        variants["hm"] = with_table(HM)
+    variants.update({k: with_override(c) for k, c in SLABS.items()
+                     if (fits or not c.slab) and hpr % c.block_h == 0})
+    for name, fn in variants.items():
+        send.view(torch.uint8).fill_(0xFF)
+        fn()
+        torch.cuda.synchronize()
+        assert torch.equal(send.view(torch.uint8), ref), (name, b, h, n, d, dt)
+    variants["copy"] = lambda: c_dst.copy_(c_src)
+    times = {k: [] for k in variants}
+    for _ in range(3):
+        for name, fn in variants.items():
+            times[name].append(time_us(fn, nbytes)[0])
+    r = dict(B=b, H=h, N=n, D=d, dtype=dt, us={k: statistics.median(v) for k, v in times.items()},
+             rounds=times)
+    r["ratio"] = {k: r["us"][k] / r["us"]["sf"] for k in variants if k != "sf"}
+    rows.append(r)
+    print(b, h, n, d, dt, " ".join(f"{k} {v:.2f}" for k, v in r["us"].items()), "|",
+          " ".join(f"{k} {v:.3f}" for k, v in r["ratio"].items()), flush=True)
+    json.dump(dict(device=torch.cuda.get_device_name(), copy_gbps=copy, rows=rows),
+              open(sys.argv[1], "w"), indent=1)
+for k in rows[0]["ratio"] if rows else ():
+    rs = [r["ratio"][k] for r in rows if k in r["ratio"]]
+    print(f"{k}: worst {max(rs):.3f} median {statistics.median(rs):.3f} "
+          f"> 0.95: {sum(x > 0.95 for x in rs)} of {len(rs)}")
+print(f"{len(rows)} of {len(pts)} points in {time.time() - t0:.0f} s")
