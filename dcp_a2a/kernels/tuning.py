@@ -84,7 +84,7 @@ class Rule:
         """The launch, or None where this rule does not take the problem (a slab rule where
         the problem does not fit the slab kernel; unless ``any_size``, rows or head lanes out of
         the rule's bounds, a slab program below ``min_lanes``)."""
-        if not any_size and (batch * heads <= self.min_rows
+        if not any_size and ((self.min_rows and batch * heads <= self.min_rows)
                              or head_lanes < self.min_head_lanes
                              or (self.max_head_lanes and head_lanes > self.max_head_lanes)):
             return None

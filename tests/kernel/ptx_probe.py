@@ -99,7 +99,9 @@ SHAPES = {  # name: (B, H, D, N, dtype): a decode launch, a mid-size one, the la
     "decode": (1, 128, 512, 8, torch.bfloat16),
     "mid_fp32": (256, 32, 512, 4, torch.float32),
     "large": (8192, 64, 512, 4, torch.bfloat16),  # the pack's slab kernel
-    "large_fp32": (8192, 32, 512, 4, torch.float32),
+    "large_fp32": (8192, 32, 128, 4, torch.float32),
+    "slab_fp32_d512": (128, 64, 512, 4, torch.float32),  # 8k rows of 512-lane heads: slab
+    "large_fp32_d512": (8192, 32, 512, 4, torch.float32),  # the row kernel, head-major
 }
 
 if __name__ == "__main__":

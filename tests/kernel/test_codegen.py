@@ -43,7 +43,8 @@ def _lines(ptx, needle):
     return [i for i, line in enumerate(ptx) if needle in line]
 
 
-@pytest.mark.parametrize("shape", ["decode", "mid_fp32", "large", "large_fp32"])
+@pytest.mark.parametrize("shape", ["decode", "mid_fp32", "large", "large_fp32",
+                                   "slab_fp32_d512", "large_fp32_d512"])
 def test_pack_issues_every_load_before_its_first_store(ptx, shape):
     code = ptx[f"pack_{shape}"]
     loads, stores = _lines(code, "ld.global"), _lines(code, "st.global")
@@ -72,7 +73,7 @@ def test_combine_loads_everything_before_the_merge_math(ptx, shape):
     assert max(loads) < min(exps), "a data load issued after the merge weights"
 
 
-@pytest.mark.parametrize("shape", ["large", "large_fp32"])
+@pytest.mark.parametrize("shape", ["large", "large_fp32", "slab_fp32_d512"])
 def test_large_pack_stores_16_byte_vectors(ptx, shape):
     """The slab kernel's point: the wire stores are 16-byte vectors (all but one instruction,
     which writes the chunk's last G/4 vectors, 1/(W+1) of it, from a tile too small to give

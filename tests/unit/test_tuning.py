@@ -108,6 +108,13 @@ def test_heads_of_512_lanes_take_their_own_rules(compiled, b, h, n):
         assert not tuning.launch("pack", b, h, lanes, n, slab_ok=True).head_major
 
 
+def test_every_problem_gets_a_launch(compiled):
+    """Zero rows too (an empty batch): rules with row bounds must not leave it without one."""
+    for kind in ("pack", "combine", "scale"):
+        for b, lanes in ((0, 512), (0, 256), (1, 512), (10**6, 512)):
+            assert tuning.launch(kind, b, 16, lanes, 2, slab_ok=kind == "pack").num_warps >= 1
+
+
 def test_head_major_grids_hold_their_tokens(compiled):
     """A head-major grid has its tokens on CUDA's second axis (at most 65535): beyond that the
     launch is token-major (the same bytes, programs in another order)."""
