@@ -136,8 +136,9 @@ TABLE: dict[str, tuple[Rule, ...]] = {
     # (seventh pass: heads of 512 lanes (fp32 D=512) from 4k to 8k rows in the slab kernel, 4
     # heads and 2 warps a program (0.90-0.92 of the straightforward kernel's time against
     # 0.95-0.97); above 8k rows the row kernel, a head and a warp a program, on a head-major
-    # grid: programs running at once read one token's heads, consecutive bytes (0.93-0.98
-    # against 0.96-1.00, and 4 % faster than the slab kernel above 64k rows))
+    # grid: programs running at once read one token's heads, consecutive bytes (0.93-0.99
+    # against 0.94-1.00 from 16k to 131k rows; at B=8192 4 % faster than the slab kernel);
+    # head-major was no faster for heads of other sizes)
     "pack": (Rule(256, 1024, 256, 4, lane_loads=True),
              Rule(1024, 1024, 512, 4, lane_loads=True, max_head_lanes=256),
              Rule(1024, 1024, 512, 4),
