@@ -13,7 +13,8 @@ head = importlib.import_module("dcp_a2a_head")
 from dcp_a2a.kernels import tuning
 from dcp_a2a.ops import pack_send
 from dcp_a2a.testing import straightforward as sf
-from dcp_a2a.testing.bench import _inputs, grid_points, time_us
+from dcp_a2a.testing.bench import _inputs, grid_points
+from _rounds import check_bytes, timed_rounds
 
 VECTOR = {**tuning.TABLE, "pack": tuning.CANDIDATES["pack_fifth_pass"]["pack"]}
 rows = []
@@ -37,16 +38,9 @@ for (b, h, n, d, dt) in grid_points():
 
     variants = {"sf": lambda: sf.pack(out, lse, send), "head": lambda: table(head.pack_send),
                 "table": table, "vector_loads": vector}
-    for name, fn in variants.items():
-        send.view(torch.uint8).fill_(0xFF)
-        fn()
-        assert torch.equal(send.view(torch.uint8), ref), (name, b, h, n, d, dt)
-    times = {k: [] for k in variants}
-    for _ in range(3):
-        for name, fn in variants.items():
-            times[name].append(time_us(fn, nbytes)[0])
-    r = dict(B=b, H=h, N=n, D=d, dtype=dt, us={k: statistics.median(v) for k, v in times.items()},
-             rounds=times)
+    check_bytes(variants, send, ref, (b, h, n, d, dt))
+    us, times = timed_rounds(variants, nbytes)
+    r = dict(B=b, H=h, N=n, D=d, dtype=dt, us=us, rounds=times)
     r["ratio"] = {k: r["us"][k] / r["us"]["sf"] for k in variants if k != "sf"}
     rows.append(r)
     print(b, h, n, d, dt, " ".join(f"{k} {v:.3f}" for k, v in r["us"].items()),

@@ -4,11 +4,12 @@ between rounds is the noise the grid's single timing carries at the launch floor
 
     python docs/perf_data/decode_target.py OUT.json [ROUNDS]   (on a GPU; PYTHONPATH=. from the checkout)
 """
-import json, statistics, sys
+import json, sys
 import torch
 from dcp_a2a.ops import pack_send, unpack_combine
 from dcp_a2a.testing import straightforward as sf
-from dcp_a2a.testing.bench import _inputs, time_us
+from dcp_a2a.testing.bench import _inputs
+from _rounds import timed_rounds
 
 b, h, d, n, dt = 1, 128, 512, 8, "bfloat16"
 rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 7
@@ -19,11 +20,7 @@ variants = {"pack": lambda: pack_send(out, lse, send, n, hpr, d, p),
             "pack_sf": lambda: sf.pack(out, lse, send),
             "unpack": lambda: unpack_combine(send, d, p, False, True),
             "unpack_sf": lambda: sf.unpack_combine(send, d)}
-times = {k: [] for k in variants}
-for _ in range(rounds):
-    for k, fn in variants.items():
-        times[k].append(time_us(fn, nbytes)[0])
-med = {k: statistics.median(v) for k, v in times.items()}
+med, times = timed_rounds(variants, nbytes, rounds)
 res = dict(device=torch.cuda.get_device_name(), shape=[b, h, d, n, dt], median_us=med,
            rounds=times, pack_plus_unpack_us=med["pack"] + med["unpack"],
            worst_round_sum_us=max(a + c for a, c in zip(times["pack"], times["unpack"])))

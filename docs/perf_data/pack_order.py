@@ -16,7 +16,8 @@ import torch
 from dcp_a2a.kernels import tuning
 from dcp_a2a.kernels.pack import lanes_of, slab_fits, pack
 from dcp_a2a.testing import straightforward as sf
-from dcp_a2a.testing.bench import _inputs, grid_points, time_us, copy_bandwidth
+from dcp_a2a.testing.bench import _inputs, grid_points, copy_bandwidth
+from _rounds import check_bytes, timed_rounds
 
 t0, budget = time.time(), float(sys.argv[2])
 HM = {**tuning.TABLE, "pack": tuple(
@@ -74,18 +75,10 @@ for (b, h, n, d, dt) in pts:
         variants["hm"] = with_table(HM)
     variants.update({k: with_override(c) for k, c in SLABS.items()
                      if (fits or not c.slab) and hpr % c.block_h == 0})
-    for name, fn in variants.items():
-        send.view(torch.uint8).fill_(0xFF)
-        fn()
-        torch.cuda.synchronize()
-        assert torch.equal(send.view(torch.uint8), ref), (name, b, h, n, d, dt)
+    check_bytes(variants, send, ref, (b, h, n, d, dt))
     variants["copy"] = lambda: c_dst.copy_(c_src)
-    times = {k: [] for k in variants}
-    for _ in range(3):
-        for name, fn in variants.items():
-            times[name].append(time_us(fn, nbytes)[0])
-    r = dict(B=b, H=h, N=n, D=d, dtype=dt, us={k: statistics.median(v) for k, v in times.items()},
-             rounds=times)
+    us, times = timed_rounds(variants, nbytes)
+    r = dict(B=b, H=h, N=n, D=d, dtype=dt, us=us, rounds=times)
     r["ratio"] = {k: r["us"][k] / r["us"]["sf"] for k in variants if k != "sf"}
     rows.append(r)
     print(b, h, n, d, dt, " ".join(f"{k} {v:.2f}" for k, v in r["us"].items()), "|",
