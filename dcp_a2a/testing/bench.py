@@ -1,6 +1,7 @@
 """Benchmark of the local work of each path on one GPU (the exchange skipped).
 
     python -m dcp_a2a.testing.bench [--out bench.json] [--quick] [--sweep]
+    python -m dcp_a2a.testing.bench --grid [--quick] [--tables table,...] [--rounds 3] [--out f.json]
     torchrun --nproc-per-node N -m dcp_a2a.testing.bench --collective [--shapes BxH,...] [--out f.json]
 
 Per shape: pack, unpack-combine, packed total (pack + unpack), two_collective local work (output
@@ -9,7 +10,11 @@ PyTorch version of pack + unpack. The device copy bandwidth is measured in the s
 (a large device-to-device copy, bytes read + written) and every row reports GB/s and % of it.
 Small shapes are timed as CUDA-graph replays of many back-to-back calls; large ones with
 ``triton.testing.do_bench`` (median of event-timed runs). ``--sweep`` times launch variants
-(dcp_a2a.kernels.tuning) for pack and unpack-combine.
+(dcp_a2a.kernels.tuning) for pack and unpack-combine. ``--grid`` times ours next to the
+straightforward design (dcp_a2a.testing.straightforward) at every point of the decode grid and
+reports the ratio; at each point the straightforward kernel, a same-bytes copy and each table's
+kernel run in ``--rounds`` interleaved rounds, medians reported (at the launch floor one timing
+moves by more than the 5 % a verdict there needs).
 
 ``--collective`` (under torchrun, one rank per GPU, NCCL) times the real exchange end to end:
 ``lse_reduce`` with each backend (packed, two_collective, ag_rs, and symm_mem on NCCL groups of
@@ -23,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 from dataclasses import asdict, dataclass
 
@@ -103,6 +109,20 @@ def time_us(fn, nbytes: int, reps_in_graph: int | None = None) -> tuple[float, s
         times.append(a.elapsed_time(b) * 1e3 / reps_in_graph)
     times.sort()
     return times[len(times) // 2], "graph"
+
+
+def timed_rounds(variants: dict, nbytes: int, rounds: int = 3, timer=None):
+    """Time each of ``variants`` (name: callable moving ``nbytes``) once a round, ``rounds``
+    rounds, interleaved (a drift of the machine then reaches every variant alike): (median us
+    by name, every round's us by name, how they were timed). ``timer``: ``time_us``'s
+    signature, for tests."""
+    timer = timer or time_us
+    times, method = {k: [] for k in variants}, None
+    for _ in range(rounds):
+        for name, fn in variants.items():
+            us, method = timer(fn, nbytes)
+            times[name].append(us)
+    return {k: statistics.median(v) for k, v in times.items()}, times, method
 
 
 def naive_torch(out, lse, send, n, hpr, d):
@@ -218,10 +238,13 @@ def grid_points(quick: bool = False):
                     yield b, h, n, d, dt
 
 
-def grid_point(b, h, n, d, dtype_name, copy_gbps, tables=("table",)) -> dict:
+def grid_point(b, h, n, d, dtype_name, copy_gbps, tables=("table",), rounds=3) -> dict:
     """Pack and unpack-combine, ours and the straightforward design's, on one shape; the
     straightforward result is checked against ours, and every table's pack against those
-    bytes, before anything is timed. A kernel whose rules two tables share is timed once."""
+    bytes, before anything is timed. Per op, the straightforward kernel, a device copy of the
+    same bytes and each table's kernel are timed in ``rounds`` interleaved rounds (medians
+    reported; ``{op}_spread``: the largest max / min over rounds of any of them). A kernel
+    whose rules two tables share is timed once."""
     from . import straightforward as sf
 
     dtype, es, p, hpr, out, lse, send = _inputs(b, h, d, n, dtype_name)
@@ -237,38 +260,51 @@ def grid_point(b, h, n, d, dtype_name, copy_gbps, tables=("table",)) -> dict:
     wire = n * b * hpr * (d + p) * es
     pack_bytes = b * h * d * es + b * h * 4 + wire
     unpack_bytes = wire + b * hpr * d * es
-    row = {"B": b, "H": h, "N": n, "D": d, "dtype": dtype_name, "tables": {}}
+    row = {"B": b, "H": h, "N": n, "D": d, "dtype": dtype_name, "rounds": rounds, "tables": {}}
     ops = (("pack", lambda: pack_send(out, lse, send, n, hpr, d, p),
             lambda: sf.pack(out, lse, send), pack_bytes),
            ("unpack", lambda: unpack_combine(recv, d, p, False, True),
             lambda: sf.unpack_combine(recv, d), unpack_bytes))
-    for op, _, base, nbytes in ops:
-        row[f"{op}_straightforward_us"], row[f"{op}_timing"] = time_us(base, nbytes)
+    for name in tables:  # every table's pack writes the bytes checked above
+        tuning.ACTIVE = tuning.CANDIDATES[name]
+        try:
+            send.view(torch.uint8).fill_(0xFF)
+            ops[0][1]()
+        finally:
+            tuning.ACTIVE = tuning.TABLE
+        if not torch.equal(send.view(torch.uint8), recv.view(torch.uint8)):
+            raise AssertionError(f"table {name}: pack differs at {b}x{h}x{d} N={n}")
+
+    def under(name, fn):
+        def run():
+            tuning.ACTIVE = tuning.CANDIDATES[name]
+            try:
+                fn()
+            finally:
+                tuning.ACTIVE = tuning.TABLE
+        return run
+
+    for op, ours, base, nbytes in ops:
         # the floor for any kernel moving these bytes: a device copy of as many, timed alike
         src = torch.empty(nbytes // 2, dtype=torch.uint8, device="cuda")
         dst = torch.empty_like(src)
-        row[f"{op}_copy_us"], _ = time_us(lambda: dst.copy_(src), nbytes)
-        del src, dst
-    timed = {}  # (op, that kernel's rules) -> us: tables differing only in the other kernel
-    for name in reversed(tables):  # the first table last: its rows are the headline numbers
-        tuning.ACTIVE = tuning.CANDIDATES[name]
-        try:
-            for op, ours, _, nbytes in ops:
-                rules = tuning.ACTIVE["pack" if op == "pack" else "combine"]
-                if op == "pack":  # every table's pack writes the bytes checked above
-                    send.view(torch.uint8).fill_(0xFF)
-                    ours()
-                    if not torch.equal(send.view(torch.uint8), recv.view(torch.uint8)):
-                        raise AssertionError(f"table {name}: pack differs at {b}x{h}x{d} N={n}")
-                if (op, rules) not in timed:
-                    timed[op, rules], _ = time_us(ours, nbytes)
-                us = timed[op, rules]
-                row["tables"].setdefault(name, {})[f"{op}_us"] = us
-                row[f"{op}_us"] = us
-                row[f"{op}_ratio"] = us / row[f"{op}_straightforward_us"]
-                row[f"{op}_pct_copy"] = 100 * nbytes / (us * 1e-6) / 1e9 / copy_gbps
-        finally:
-            tuning.ACTIVE = tuning.TABLE
+        variants = {"sf": base, "copy": lambda: dst.copy_(src)}
+        rules_of = {name: tuning.CANDIDATES[name]["pack" if op == "pack" else "combine"]
+                    for name in tables}
+        timed_as = {}  # rules -> the first table that has them (its kernel is timed)
+        for name in tables:
+            if timed_as.setdefault(rules_of[name], name) == name:
+                variants["table:" + name] = under(name, ours)
+        med, times, row[f"{op}_timing"] = timed_rounds(variants, nbytes, rounds)
+        del src, dst, variants
+        row[f"{op}_straightforward_us"], row[f"{op}_copy_us"] = med["sf"], med["copy"]
+        row[f"{op}_spread"] = max(max(v) / min(v) for v in times.values())
+        for name in reversed(tables):  # the first table last: its rows are the headline numbers
+            us = med["table:" + timed_as[rules_of[name]]]
+            row["tables"].setdefault(name, {})[f"{op}_us"] = us
+            row[f"{op}_us"] = us
+            row[f"{op}_ratio"] = us / row[f"{op}_straightforward_us"]
+            row[f"{op}_pct_copy"] = 100 * nbytes / (us * 1e-6) / 1e9 / copy_gbps
     return row
 
 
@@ -291,6 +327,9 @@ def grid_table(rows: list[dict]) -> str:
     lines.append(f"worst ratio (ours / straightforward): pack {max(r['pack_ratio'] for r in rows):.3f}"
                  f", unpack {max(r['unpack_ratio'] for r in rows):.3f} (at B={worst['B']} "
                  f"H={worst['H']} N={worst['N']} D={worst['D']} {worst['dtype']})")
+    spreads = sorted(r[f"{op}_spread"] for r in rows for op in ("pack", "unpack"))
+    lines.append(f"medians of {rows[0]['rounds']} interleaved rounds; a kernel's max / min over "
+                 f"them: median {spreads[len(spreads) // 2]:.3f}, worst {spreads[-1]:.3f}")
     return "\n".join(lines)
 
 
@@ -302,7 +341,7 @@ def grid_main(args) -> int:
     import triton
 
     for point in tqdm(list(grid_points(args.quick)), desc="grid", mininterval=10):
-        rows.append(grid_point(*point, copy_gbps, tables))
+        rows.append(grid_point(*point, copy_gbps, tables, args.rounds))
         # rewritten after every point: a run cut short still leaves what it measured
         with open(args.out, "w") as f:
             json.dump({"device": props.name, "torch": torch.__version__,
@@ -445,6 +484,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--tables", default=None,
                     help="with --grid: comma list of launch tables to compare "
                          "(dcp_a2a.kernels.tuning.CANDIDATES; the first is reported)")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="with --grid: interleaved timing rounds a point (medians reported)")
     ap.add_argument("--collective", action="store_true",
                     help="under torchrun: time lse_reduce end to end per backend")
     ap.add_argument("--shapes", default=None, help="with --collective: BxH,BxH,... (D=--head-dim)")
@@ -457,7 +498,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.rounds < 1:
+        parser.error(f"--rounds must be at least 1, got {args.rounds}")
     if args.collective:
         return collective_main(args)
     if args.grid and torch.cuda.is_available():

@@ -1,10 +1,7 @@
-"""What the perf scripts here share: check every variant's wire bytes, then time the variants in
-interleaved rounds (a round times each once; the spread between rounds is the noise)."""
-import statistics
-
+"""What the perf scripts here share besides the bench's timers: check every variant's wire bytes
+before timing them (``dcp_a2a.testing.bench.timed_rounds`` then times them in interleaved
+rounds)."""
 import torch
-
-from dcp_a2a.testing.bench import time_us
 
 
 def check_bytes(variants, send, ref, where):
@@ -14,12 +11,3 @@ def check_bytes(variants, send, ref, where):
         send.view(torch.uint8).fill_(0xFF)
         fn()
         assert torch.equal(send.view(torch.uint8), ref), (name, *where)
-
-
-def timed_rounds(variants, nbytes, rounds=3):
-    """(median us by name, every round's us by name)."""
-    times = {k: [] for k in variants}
-    for _ in range(rounds):
-        for name, fn in variants.items():
-            times[name].append(time_us(fn, nbytes)[0])
-    return {k: statistics.median(v) for k, v in times.items()}, times

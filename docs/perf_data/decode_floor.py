@@ -13,8 +13,8 @@ head = importlib.import_module("dcp_a2a_head")
 from dcp_a2a.kernels import tuning
 from dcp_a2a.ops import pack_send
 from dcp_a2a.testing import straightforward as sf
-from dcp_a2a.testing.bench import _inputs, grid_points
-from _rounds import check_bytes, timed_rounds
+from dcp_a2a.testing.bench import _inputs, grid_points, timed_rounds
+from _rounds import check_bytes
 
 VECTOR = {**tuning.TABLE, "pack": tuning.CANDIDATES["pack_fifth_pass"]["pack"]}
 rows = []
@@ -39,7 +39,7 @@ for (b, h, n, d, dt) in grid_points():
     variants = {"sf": lambda: sf.pack(out, lse, send), "head": lambda: table(head.pack_send),
                 "table": table, "vector_loads": vector}
     check_bytes(variants, send, ref, (b, h, n, d, dt))
-    us, times = timed_rounds(variants, nbytes)
+    us, times, _ = timed_rounds(variants, nbytes)
     r = dict(B=b, H=h, N=n, D=d, dtype=dt, us=us, rounds=times)
     r["ratio"] = {k: r["us"][k] / r["us"]["sf"] for k in variants if k != "sf"}
     rows.append(r)

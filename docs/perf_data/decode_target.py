@@ -8,8 +8,7 @@ import json, sys
 import torch
 from dcp_a2a.ops import pack_send, unpack_combine
 from dcp_a2a.testing import straightforward as sf
-from dcp_a2a.testing.bench import _inputs
-from _rounds import timed_rounds
+from dcp_a2a.testing.bench import _inputs, timed_rounds
 
 b, h, d, n, dt = 1, 128, 512, 8, "bfloat16"
 rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 7
@@ -20,7 +19,7 @@ variants = {"pack": lambda: pack_send(out, lse, send, n, hpr, d, p),
             "pack_sf": lambda: sf.pack(out, lse, send),
             "unpack": lambda: unpack_combine(send, d, p, False, True),
             "unpack_sf": lambda: sf.unpack_combine(send, d)}
-med, times = timed_rounds(variants, nbytes, rounds)
+med, times, _ = timed_rounds(variants, nbytes, rounds)
 res = dict(device=torch.cuda.get_device_name(), shape=[b, h, d, n, dt], median_us=med,
            rounds=times, pack_plus_unpack_us=med["pack"] + med["unpack"],
            worst_round_sum_us=max(a + c for a, c in zip(times["pack"], times["unpack"])))

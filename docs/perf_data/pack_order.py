@@ -16,8 +16,8 @@ import torch
 from dcp_a2a.kernels import tuning
 from dcp_a2a.kernels.pack import lanes_of, slab_fits, pack
 from dcp_a2a.testing import straightforward as sf
-from dcp_a2a.testing.bench import _inputs, grid_points, copy_bandwidth
-from _rounds import check_bytes, timed_rounds
+from dcp_a2a.testing.bench import _inputs, grid_points, copy_bandwidth, timed_rounds
+from _rounds import check_bytes
 
 t0, budget = time.time(), float(sys.argv[2])
 HM = {**tuning.TABLE, "pack": tuple(
@@ -77,7 +77,7 @@ for (b, h, n, d, dt) in pts:
                      if (fits or not c.slab) and hpr % c.block_h == 0})
     check_bytes(variants, send, ref, (b, h, n, d, dt))
     variants["copy"] = lambda: c_dst.copy_(c_src)
-    us, times = timed_rounds(variants, nbytes)
+    us, times, _ = timed_rounds(variants, nbytes)
     r = dict(B=b, H=h, N=n, D=d, dtype=dt, us=us, rounds=times)
     r["ratio"] = {k: r["us"][k] / r["us"]["sf"] for k in variants if k != "sf"}
     rows.append(r)

@@ -1,0 +1,29 @@
+"""GPU tier: one point of the benchmark's grid (``python -m dcp_a2a.testing.bench --grid``),
+two tables, two interleaved rounds: every number it reports is there and positive, and a kernel
+that two tables share is timed once."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dcp_a2a.testing import bench
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+
+def test_grid_point_times_every_table_in_rounds():
+    tables = ("table", "pack_sixth_pass")  # different pack rules, the same combine rules
+    row = bench.grid_point(4, 16, 2, 128, "bfloat16", 4000.0, tables, rounds=2)
+    assert row["rounds"] == 2 and set(row["tables"]) == set(tables)
+    for op in ("pack", "unpack"):
+        assert row[f"{op}_straightforward_us"] > 0 and row[f"{op}_copy_us"] > 0
+        assert row[f"{op}_spread"] >= 1 and row[f"{op}_timing"] == "graph"
+        assert row[f"{op}_us"] == row["tables"]["table"][f"{op}_us"] > 0
+        assert row[f"{op}_ratio"] == row[f"{op}_us"] / row[f"{op}_straightforward_us"]
+    assert row["tables"]["table"]["unpack_us"] == row["tables"]["pack_sixth_pass"]["unpack_us"]
+    text = bench.grid_table([row])
+    assert "medians of 2 interleaved rounds" in text and "worst ratio" in text
