@@ -1,16 +1,18 @@
 """The pack above 64k rows where H/N = 16 (and the fp32 and 1024-token neighbours): the slab
 kernel at G heads x warps and the row kernel (16 heads x 256 words, 8 / 16 warps) next to the
 table and the straightforward kernel, in interleaved rounds (docs/perf.md, sixth pass). Every
-variant's send buffer is first checked bit for bit against the straightforward kernel's.
+variant's send buffer is first checked bit for bit against the straightforward kernel's (once,
+before the rounds; the sixth pass's run checked it again before each round's timing).
 
     python docs/perf_data/pack_large_variants.py OUT.json   (on a GPU; PYTHONPATH=. from the checkout)
 """
-import json, statistics, sys
+import json, sys
 import torch
 from dcp_a2a.kernels import tuning
 from dcp_a2a.ops import pack_send
 from dcp_a2a.testing import straightforward as sf
-from dcp_a2a.testing.bench import _inputs, copy_bandwidth, time_us
+from dcp_a2a.testing.bench import _inputs, copy_bandwidth, timed_rounds
+from _rounds import check_bytes
 
 POINTS = [(8192, 64, 4, 512, dt) for dt in ("bfloat16", "float16", "float32")]
 POINTS += [(8192, 128, 8, 512, "bfloat16"), (8192, 128, 8, 512, "float32"),
@@ -25,22 +27,24 @@ for (b, h, n, d, dt) in POINTS:
     nbytes = out.numel() * es + lse.numel() * 4 + send.numel() * es
     sf.pack(out, lse, send)
     ref = send.view(torch.uint8).clone()
-    fns = {"sf": lambda: sf.pack(out, lse, send), "table": lambda: pack_send(out, lse, send, n, hpr, d, p)}
-    r = dict(B=b, H=h, N=n, D=d, dtype=dt, table_launch=str(tuning.launch(
-        "pack", b, h, d // 2 if es == 2 else d, n, True)), us={}, rounds={})
-    names = list(fns) + list(VARIANTS)
-    for _ in range(2):
-        for name in names:
-            if name in VARIANTS:
-                tuning.OVERRIDES["pack"] = VARIANTS[name]
+    def table():
+        pack_send(out, lse, send, n, hpr, d, p)
+
+    def under(cfg):
+        def run():
+            tuning.OVERRIDES["pack"] = cfg
             try:
-                send.view(torch.uint8).fill_(0xFF)
-                fns.get(name, fns["table"])()
-                assert torch.equal(send.view(torch.uint8), ref), (name, b, h, n, d, dt)
-                r["rounds"].setdefault(name, []).append(time_us(fns.get(name, fns["table"]), nbytes)[0])
+                table()
             finally:
                 tuning.OVERRIDES.clear()
-    r["us"] = {k: statistics.median(v) for k, v in r["rounds"].items()}
+        return run
+
+    fns = {"sf": lambda: sf.pack(out, lse, send), "table": table}
+    fns.update({name: under(cfg) for name, cfg in VARIANTS.items()})
+    r = dict(B=b, H=h, N=n, D=d, dtype=dt, table_launch=str(tuning.launch(
+        "pack", b, h, d // 2 if es == 2 else d, n, True)))
+    check_bytes(fns, send, ref, (b, h, n, d, dt))
+    r["us"], r["rounds"], _ = timed_rounds(fns, nbytes, 2)
     r["pct_copy"] = {k: 100 * nbytes / v / 1e3 / copy for k, v in r["us"].items()}
     rows.append(r)
     best = min((v, k) for k, v in r["us"].items() if k != "sf")
