@@ -6,9 +6,12 @@ orders; next to the straightforward kernel and a device copy of the same bytes. 
 interleave the variants (their spread is the noise); each variant's send buffer is first
 checked bit for bit against the straightforward kernel's. Part "sweep": only heads of 512
 lanes (fp32 D=512) above 8k rows, head-major launches of both kernels at other program sizes
-and warps, and the row kernel with streaming cache hints.
+and warps, and the row kernel with streaming cache hints. With a band of rows (``sweep LO HI``:
+more than LO, at most HI; the eighth pass's 0 1024 and 1024 16384), the row kernel's launches
+on the head's 512-lane tile and the slab kernel's, in both grid orders; at most 1024 rows also
+8 and 16 warps a head and the row kernel's loads in the stores' layout (``_ll``), no slabs.
 
-    python docs/perf_data/pack_order.py OUT.json BUDGET_SECONDS [sweep]   (on a GPU; PYTHONPATH=. from the checkout)
+    python docs/perf_data/pack_order.py OUT.json BUDGET_SECONDS [sweep [LO HI]]   (on a GPU; PYTHONPATH=. from the checkout)
 """
 import json, statistics, sys, time
 from dataclasses import replace
@@ -27,17 +30,34 @@ SLABS = {"slab4x2": tuning.Launch(4, 1024, 2, slab=True),
          "slab8x4": tuning.Launch(8, 1024, 4, slab=True),
          "slab8x4_hm": tuning.Launch(8, 1024, 4, slab=True, head_major=True)}
 L = tuning.Launch
-if sys.argv[3:] == ["sweep"]:
+band = (8192, float("inf"))
+if sys.argv[3:4] == ["sweep"]:
     HM = None
-    SLABS = {f"slab{g}x{w}_hm": L(g, 1024, w, slab=True, head_major=True)
-             for g, w in ((4, 1), (4, 2), (4, 4), (8, 2), (8, 4), (8, 8))}
-    SLABS.update({f"row{hb}x{w}_hm": L(hb, 1024, w, head_major=True)
-                  for hb, w in ((1, 1), (1, 2), (1, 4), (2, 2), (2, 4))})
-    SLABS["row1x1_hm_stream"] = L(1, 1024, 1, stream=True, head_major=True)
+    band = tuple(map(float, sys.argv[4:6])) if len(sys.argv) > 5 else band
+    orders = (True,) if len(sys.argv) <= 5 else (False, True)
+    # the row kernel's tile: 1024 lanes in the seventh pass's sweep (half of it masked off for
+    # these 512-lane heads); the head's 512 in a band (the table's tile)
+    tile = 1024 if len(sys.argv) <= 5 else 512
+    rows_hw = ((1, 1), (1, 2), (1, 4), (2, 2), (2, 4))
+    if band[1] <= 1024:  # decode sizes: more warps a head, and loads in the stores' layout
+        rows_hw += ((1, 8), (1, 16), (2, 8))
+    SLABS = {}
+    for hm in orders:
+        sfx = "_hm" if hm else ""
+        if band[1] > 1024:
+            SLABS.update({f"slab{g}x{w}{sfx}": L(g, 1024, w, slab=True, head_major=hm)
+                          for g, w in ((4, 1), (4, 2), (4, 4), (8, 2), (8, 4), (8, 8))})
+        SLABS.update({f"row{hb}x{w}{sfx}": L(hb, tile, w, head_major=hm) for hb, w in rows_hw})
+        if band[1] <= 1024:
+            SLABS.update({f"row{hb}x{w}{sfx}_ll": L(hb, tile, w, head_major=hm, lane_loads=True)
+                          for hb, w in rows_hw})
+    if len(sys.argv) <= 5:
+        SLABS["row1x1_hm_stream"] = L(1, 1024, 1, stream=True, head_major=True)
 copy = copy_bandwidth(1 << 30)
-pts = [p for p in grid_points() if p[0] * p[1] > 1024]
+pts = [p for p in grid_points() if p[0] * p[1] > min(1024, band[0])]
 if HM is None:
-    pts = [p for p in pts if p[0] * p[1] > 8192 and p[3] == 512 and p[4] == "float32"]
+    pts = [p for p in pts if band[0] < p[0] * p[1] <= band[1] and p[3] == 512
+           and p[4] == "float32"]
 pts.sort(key=lambda p: (not (p[4] == "float32" and p[3] == 512), p[0] * p[1] * p[3]))
 rows = []
 for (b, h, n, d, dt) in pts:
