@@ -93,6 +93,8 @@ for (b, h, n, d, dt) in pts:
     variants = {"sf": lambda: sf.pack(out, lse, send), "table": with_table(tuning.TABLE)}
     if HM is not None:
         variants["hm"] = with_table(HM)
+    elif len(sys.argv) > 5:  # a band: the table before the eighth pass too
+        variants["seventh"] = with_table(tuning.CANDIDATES["pack_seventh_pass"])
     variants.update({k: with_override(c) for k, c in SLABS.items()
                      if (fits or not c.slab) and hpr % c.block_h == 0})
     check_bytes(variants, send, ref, (b, h, n, d, dt))

@@ -97,6 +97,7 @@ def combine_ptx(b, h, d, n, dtype):
 
 SHAPES = {  # name: (B, H, D, N, dtype): a decode launch, a mid-size one, the large one
     "decode": (1, 128, 512, 8, torch.bfloat16),
+    "decode_fp32_d512": (16, 64, 512, 4, torch.float32),  # two 512-lane heads a program
     "mid_fp32": (256, 32, 512, 4, torch.float32),
     "large": (8192, 64, 512, 4, torch.bfloat16),  # the pack's slab kernel
     "large_fp32": (8192, 32, 128, 4, torch.float32),

@@ -43,8 +43,8 @@ def _lines(ptx, needle):
     return [i for i, line in enumerate(ptx) if needle in line]
 
 
-@pytest.mark.parametrize("shape", ["decode", "mid_fp32", "large", "large_fp32",
-                                   "slab_fp32_d512", "large_fp32_d512"])
+@pytest.mark.parametrize("shape", ["decode", "decode_fp32_d512", "mid_fp32", "large",
+                                   "large_fp32", "slab_fp32_d512", "large_fp32_d512"])
 def test_pack_issues_every_load_before_its_first_store(ptx, shape):
     code = ptx[f"pack_{shape}"]
     loads, stores = _lines(code, "ld.global"), _lines(code, "st.global")
@@ -54,12 +54,13 @@ def test_pack_issues_every_load_before_its_first_store(ptx, shape):
         "the pack waits for two memory round trips in series")
 
 
-def test_decode_pack_goes_from_its_loads_to_its_stores(ptx):
+@pytest.mark.parametrize("shape", ["decode", "decode_fp32_d512"])
+def test_decode_pack_goes_from_its_loads_to_its_stores(ptx, shape):
     """At decode sizes the pack's loads are in the layout of its stores (the tile does not go
     through shared memory and a CTA barrier between them), and its wire offsets divide by the
     heads a peer as a constant (a run-time division was some twenty dependent instructions
     a head lane): both sat between the loads and the stores of a launch that only waits."""
-    code = ptx["pack_decode"]
+    code = ptx[f"pack_{shape}"]
     assert not _lines(code, "st.shared") and not _lines(code, "bar.sync"), "shared-memory shuffle"
     assert not [line for line in code if "div." in line or "rem." in line], "run-time division"
 

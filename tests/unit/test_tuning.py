@@ -108,6 +108,18 @@ def test_heads_of_512_lanes_take_their_own_rules(compiled, b, h, n):
         assert not tuning.launch("pack", b, h, lanes, n, slab_ok=True).head_major
 
 
+@pytest.mark.parametrize("b, h, n", [(1, 16, 2), (1, 128, 8), (4, 64, 4), (16, 64, 8),
+                                     (64, 16, 2)])
+def test_decode_heads_of_512_lanes_go_two_a_program(compiled, b, h, n):
+    """fp32 D=512 up to 1024 rows: two heads, 4 warps, loads in the stores' layout; 256-lane
+    heads (bf16 D=512) at the same rows keep their rules."""
+    cfg = tuning.launch("pack", b, h, 512, n)
+    assert (cfg.block_h, cfg.block_d, cfg.num_warps, cfg.lane_loads, cfg.slab,
+            cfg.head_major) == (2, 512, 4, True, False, False)
+    assert tuning.launch("pack", b, h, 256, n) == tuning.Launch(
+        1 if b * h <= 256 else 2, 256, 4, lane_loads=True)
+
+
 def test_every_problem_gets_a_launch(compiled):
     """Zero rows too (an empty batch): rules with row bounds must not leave it without one."""
     for kind in ("pack", "combine", "scale"):
@@ -151,14 +163,14 @@ def test_slab_heads_divide_a_peers_heads(per_peer):
     (1, 128, 8, 256, True),    # D=512 16-bit at B=1
     (4, 64, 4, 128, True),     # D=128 fp32
     (16, 64, 4, 256, True),    # 1024 rows of 256-lane heads
-    (1, 128, 8, 512, True),    # D=512 fp32 up to 256 rows
-    (16, 64, 4, 512, False),   # ... and from 256 to 1024 rows: vector loads
+    (1, 128, 8, 512, True),    # D=512 fp32 (two heads a program) up to 1024 rows
+    (16, 64, 4, 512, True),
+    (32, 64, 4, 512, False),   # ... and above: vector loads
     (64, 64, 4, 64, False),    # above 1024 rows
     (8192, 64, 4, 256, False),
 ])
 def test_decode_packs_load_in_the_stores_layout(compiled, b, h, n, lanes, lane_loads):
-    """Up to 1024 rows the pack's loads are single lanes in the layout of its stores, but
-    for heads of 512 lanes from 256 rows (the vector loads were faster there)."""
+    """Up to 1024 rows the pack's loads are single lanes in the layout of its stores."""
     assert tuning.launch("pack", b, h, lanes, n).lane_loads == lane_loads
     every = tuning.every_launch("pack", b, h, lanes, n)
     assert {c.lane_loads for c in every} == {True, False}  # the tests run both
