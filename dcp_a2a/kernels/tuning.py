@@ -141,7 +141,7 @@ TABLE: dict[str, tuple[Rule, ...]] = {
     # head-major was no faster for heads of other sizes)
     # (eighth pass: 512-lane heads up to 1024 rows two heads a program, 4 warps, loads in the
     # stores' layout: a median 0.89 of the straightforward kernel's time, worst 0.92, against
-    # 0.92 and 0.96 for one head a program, from a sweep of 34 launches at those 17 points)
+    # 0.92 and 0.96 for one head a program, from a sweep of 32 launches at those 17 points)
     "pack": (Rule(1024, 1024, 1024, 4, lane_loads=True, min_head_lanes=512, max_head_lanes=512),
              Rule(256, 1024, 256, 4, lane_loads=True),
              Rule(1024, 1024, 512, 4, lane_loads=True, max_head_lanes=256),

@@ -7,8 +7,8 @@ interleave the variants (their spread is the noise); each variant's send buffer 
 checked bit for bit against the straightforward kernel's. Part "sweep": only heads of 512
 lanes (fp32 D=512) above 8k rows, head-major launches of both kernels at other program sizes
 and warps, and the row kernel with streaming cache hints. With a band of rows (``sweep LO HI``:
-more than LO, at most HI; the eighth pass's 0 1024 and 1024 16384), the row kernel's launches
-on the head's 512-lane tile and the slab kernel's, in both grid orders; at most 1024 rows also
+more than LO, at most HI; the eighth pass's 0 1024 and 1024 16384), the same launches in
+both grid orders (a tile is the head's lanes at most: ``tuning.launch``); at most 1024 rows also
 8 and 16 warps a head and the row kernel's loads in the stores' layout (``_ll``), no slabs.
 
     python docs/perf_data/pack_order.py OUT.json BUDGET_SECONDS [sweep [LO HI]]   (on a GPU; PYTHONPATH=. from the checkout)
@@ -35,9 +35,6 @@ if sys.argv[3:4] == ["sweep"]:
     HM = None
     band = tuple(map(float, sys.argv[4:6])) if len(sys.argv) > 5 else band
     orders = (True,) if len(sys.argv) <= 5 else (False, True)
-    # the row kernel's tile: 1024 lanes in the seventh pass's sweep (half of it masked off for
-    # these 512-lane heads); the head's 512 in a band (the table's tile)
-    tile = 1024 if len(sys.argv) <= 5 else 512
     rows_hw = ((1, 1), (1, 2), (1, 4), (2, 2), (2, 4))
     if band[1] <= 1024:  # decode sizes: more warps a head, and loads in the stores' layout
         rows_hw += ((1, 8), (1, 16), (2, 8))
@@ -47,9 +44,9 @@ if sys.argv[3:4] == ["sweep"]:
         if band[1] > 1024:
             SLABS.update({f"slab{g}x{w}{sfx}": L(g, 1024, w, slab=True, head_major=hm)
                           for g, w in ((4, 1), (4, 2), (4, 4), (8, 2), (8, 4), (8, 8))})
-        SLABS.update({f"row{hb}x{w}{sfx}": L(hb, tile, w, head_major=hm) for hb, w in rows_hw})
+        SLABS.update({f"row{hb}x{w}{sfx}": L(hb, 1024, w, head_major=hm) for hb, w in rows_hw})
         if band[1] <= 1024:
-            SLABS.update({f"row{hb}x{w}{sfx}_ll": L(hb, tile, w, head_major=hm, lane_loads=True)
+            SLABS.update({f"row{hb}x{w}{sfx}_ll": L(hb, 1024, w, head_major=hm, lane_loads=True)
                           for hb, w in rows_hw})
     if len(sys.argv) <= 5:
         SLABS["row1x1_hm_stream"] = L(1, 1024, 1, stream=True, head_major=True)
