@@ -14,8 +14,8 @@ import triton
 import triton.language as tl
 from dcp_a2a.kernels.pack import pack
 from dcp_a2a.testing import straightforward as sf
-from dcp_a2a.testing.bench import _inputs, grid_points, copy_bandwidth, timed_rounds
-from _rounds import check_bytes
+from dcp_a2a.testing.bench import grid_points, copy_bandwidth, timed_rounds
+from _rounds import check_bytes, pack_point
 
 
 @triton.jit
@@ -58,10 +58,7 @@ rows = []
 for (b, h, n, d, dt) in pts:
     if time.time() - t0 > budget:
         break
-    dtype, es, p, hpr, out, lse, send = _inputs(b, h, d, n, dt)
-    nbytes = out.numel() * es + lse.numel() * 4 + send.numel() * es
-    sf.pack(out, lse, send)
-    ref = send.view(torch.uint8).clone()
+    p, hpr, out, lse, send, nbytes, ref = pack_point(b, h, n, d, dt)
     variants = {"sf": lambda: sf.pack(out, lse, send), "table": lambda: pack(out, lse, send, hpr)}
     check_bytes(variants, send, ref, (b, h, n, d, dt))
     # nbytes / 2 each way, as int32 words: 16-byte accesses when a thread holds 4 of them

@@ -19,8 +19,8 @@ import torch
 from dcp_a2a.kernels import tuning
 from dcp_a2a.kernels.pack import lanes_of, slab_fits, pack
 from dcp_a2a.testing import straightforward as sf
-from dcp_a2a.testing.bench import _inputs, grid_points, copy_bandwidth, timed_rounds
-from _rounds import check_bytes
+from dcp_a2a.testing.bench import grid_points, copy_bandwidth, timed_rounds
+from _rounds import check_bytes, pack_point
 
 t0, budget = time.time(), float(sys.argv[2])
 HM = {**tuning.TABLE, "pack": tuple(
@@ -60,10 +60,7 @@ rows = []
 for (b, h, n, d, dt) in pts:
     if time.time() - t0 > budget:
         break
-    dtype, es, p, hpr, out, lse, send = _inputs(b, h, d, n, dt)
-    nbytes = out.numel() * es + lse.numel() * 4 + send.numel() * es
-    sf.pack(out, lse, send)
-    ref = send.view(torch.uint8).clone()
+    p, hpr, out, lse, send, nbytes, ref = pack_point(b, h, n, d, dt)
     src, lanes, lanes_p, _ = lanes_of(out, p)
     fits = slab_fits(src, lanes, lanes_p, hpr)
 
