@@ -185,6 +185,19 @@ def finish(lm, error: BaseException | None = None) -> None:
         command(lm.dcp_rank, "abort", f"{type(error).__name__}: {error}")
 
 
+def leave(clean: bool) -> None:
+    """Every rank: leave the process group. After a clean run the ranks first meet at a
+    barrier, so that none tears its transport down while a peer's last collective (rank 0's
+    ``done``) is still in flight; a gloo rank once aborted there ("terminate called without an
+    active exception") under CI load. After a failure there is no barrier: a peer may be
+    inside another collective, or gone."""
+    import torch.distributed as dist
+
+    if clean:
+        dist.barrier()
+    dist.destroy_process_group()
+
+
 def serve(lm) -> None:
     """Ranks > 0: make every call rank 0 broadcasts until ``done``."""
     ctx = lm.dcp_rank

@@ -276,11 +276,10 @@ def _one_backend(lm, b, args, tm, found, runs) -> dict:
 
 
 def _main_distributed(args, backends, found):
-    import torch.distributed as dist
-
     from . import distributed as dd
 
     ctx = dd.init_from_env()
+    clean = False
     try:
         args.dcp_size, args.device = ctx.world_size, ctx.device
         lm = build_lm(args, "reference", rank_ctx=ctx)
@@ -288,6 +287,7 @@ def _main_distributed(args, backends, found):
         args.distributed = ctx.describe()
         if ctx.rank != 0:
             dd.serve(lm)
+            clean = True
             return None
         tm = task_manager(found["gsm8k_dir"])
         runs = []
@@ -302,9 +302,10 @@ def _main_distributed(args, backends, found):
             dd.finish(lm, e)
             raise
         dd.finish(lm)
+        clean = True
         return report
     finally:
-        dist.destroy_process_group()
+        dd.leave(clean)
 
 
 def _write(out: Path, args, found, runs, tokenizer) -> dict:
