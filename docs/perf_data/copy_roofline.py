@@ -4,7 +4,8 @@ device copy of the same bytes (``copy_``: the driver's device-to-device memcpy) 
 plain Triton copies of them (16-byte words; elements per program x warps, and a persistent
 grid-stride variant): the fastest copy found is the floor no pack reaches, since a pack moves
 the same bytes and a copy is the simplest way to move them. Rounds interleave every variant;
-each copy's bytes are checked, and the packs' against the straightforward kernel's, first.
+each copy's bytes are checked against its source, and the packs' against the straightforward
+kernel's, first.
 
     python docs/perf_data/copy_roofline.py OUT.json BUDGET_SECONDS   (on a GPU; PYTHONPATH=. from the checkout)
 """
@@ -67,10 +68,7 @@ for (b, h, n, d, dt) in pts:
     copies = {"copy_": lambda: c_dst.copy_(c_src)}
     copies.update({f"tl{blk}x{w}" + (f"_p{pers // sms}" if pers else ""):
                    triton_copy(c_src, c_dst, blk, w, pers) for blk, w, pers in COPIES})
-    for name, fn in copies.items():
-        c_dst.fill_(-1)
-        fn()
-        assert torch.equal(c_dst, c_src), (name, b, h, n, d, dt)
+    check_bytes(copies, c_dst, c_src.view(torch.uint8), (b, h, n, d, dt))
     variants.update(copies)
     us, times, _ = timed_rounds(variants, nbytes)
     best = min(copies, key=us.get)

@@ -30,25 +30,24 @@ SLABS = {"slab4x2": tuning.Launch(4, 1024, 2, slab=True),
          "slab8x4": tuning.Launch(8, 1024, 4, slab=True),
          "slab8x4_hm": tuning.Launch(8, 1024, 4, slab=True, head_major=True)}
 L = tuning.Launch
-band = (8192, float("inf"))
+band, banded = (8192, float("inf")), False
 if sys.argv[3:4] == ["sweep"]:
     HM = None
-    band = tuple(map(float, sys.argv[4:6])) if len(sys.argv) > 5 else band
-    orders = (True,) if len(sys.argv) <= 5 else (False, True)
-    rows_hw = ((1, 1), (1, 2), (1, 4), (2, 2), (2, 4))
-    if band[1] <= 1024:  # decode sizes: more warps a head, and loads in the stores' layout
-        rows_hw += ((1, 8), (1, 16), (2, 8))
+    banded = len(sys.argv) > 5
+    band = tuple(map(float, sys.argv[4:6])) if banded else band
+    decode = band[1] <= 1024  # more warps a head, loads in the stores' layout, no slabs
+    rows_hw = ((1, 1), (1, 2), (1, 4), (2, 2), (2, 4)) + (((1, 8), (1, 16), (2, 8)) if decode
+                                                         else ())
     SLABS = {}
-    for hm in orders:
+    for hm in (False, True) if banded else (True,):
         sfx = "_hm" if hm else ""
-        if band[1] > 1024:
+        if not decode:
             SLABS.update({f"slab{g}x{w}{sfx}": L(g, 1024, w, slab=True, head_major=hm)
                           for g, w in ((4, 1), (4, 2), (4, 4), (8, 2), (8, 4), (8, 8))})
-        SLABS.update({f"row{hb}x{w}{sfx}": L(hb, 1024, w, head_major=hm) for hb, w in rows_hw})
-        if band[1] <= 1024:
-            SLABS.update({f"row{hb}x{w}{sfx}_ll": L(hb, 1024, w, head_major=hm, lane_loads=True)
-                          for hb, w in rows_hw})
-    if len(sys.argv) <= 5:
+        for ll in (False, True) if decode else (False,):
+            SLABS.update({f"row{hb}x{w}{sfx}" + ("_ll" if ll else ""):
+                          L(hb, 1024, w, head_major=hm, lane_loads=ll) for hb, w in rows_hw})
+    if not banded:
         SLABS["row1x1_hm_stream"] = L(1, 1024, 1, stream=True, head_major=True)
 copy = copy_bandwidth(1 << 30)
 pts = [p for p in grid_points() if p[0] * p[1] > min(1024, band[0])]
@@ -87,7 +86,7 @@ for (b, h, n, d, dt) in pts:
     variants = {"sf": lambda: sf.pack(out, lse, send), "table": with_table(tuning.TABLE)}
     if HM is not None:
         variants["hm"] = with_table(HM)
-    elif len(sys.argv) > 5:  # a band: the table before the eighth pass too
+    elif banded:  # the table before the eighth pass too
         variants["seventh"] = with_table(tuning.CANDIDATES["pack_seventh_pass"])
     variants.update({k: with_override(c) for k, c in SLABS.items()
                      if (fits or not c.slab) and hpr % c.block_h == 0})
