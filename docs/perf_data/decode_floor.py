@@ -13,18 +13,15 @@ head = importlib.import_module("dcp_a2a_head")
 from dcp_a2a.kernels import tuning
 from dcp_a2a.ops import pack_send
 from dcp_a2a.testing import straightforward as sf
-from dcp_a2a.testing.bench import _inputs, grid_points, timed_rounds
-from _rounds import check_bytes
+from dcp_a2a.testing.bench import grid_points, timed_rounds
+from _rounds import check_bytes, pack_point
 
 VECTOR = {**tuning.TABLE, "pack": tuning.CANDIDATES["pack_fifth_pass"]["pack"]}
 rows = []
 for (b, h, n, d, dt) in grid_points():
     if b * h > 1024:
         continue
-    dtype, es, p, hpr, out, lse, send = _inputs(b, h, d, n, dt)
-    nbytes = out.numel() * es + lse.numel() * 4 + send.numel() * es
-    sf.pack(out, lse, send)
-    ref = send.view(torch.uint8).clone()
+    p, hpr, out, lse, send, nbytes, ref = pack_point(b, h, n, d, dt)
 
     def table(fn=pack_send):
         fn(out, lse, send, n, hpr, d, p)

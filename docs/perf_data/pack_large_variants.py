@@ -11,8 +11,8 @@ import torch
 from dcp_a2a.kernels import tuning
 from dcp_a2a.ops import pack_send
 from dcp_a2a.testing import straightforward as sf
-from dcp_a2a.testing.bench import _inputs, copy_bandwidth, timed_rounds
-from _rounds import check_bytes
+from dcp_a2a.testing.bench import copy_bandwidth, timed_rounds
+from _rounds import check_bytes, pack_point
 
 POINTS = [(8192, 64, 4, 512, dt) for dt in ("bfloat16", "float16", "float32")]
 POINTS += [(8192, 128, 8, 512, "bfloat16"), (8192, 128, 8, 512, "float32"),
@@ -23,10 +23,7 @@ VARIANTS.update({f"row16x{w}": tuning.Launch(16, 1024, w) for w in (8, 16)})
 copy = copy_bandwidth()
 rows = []
 for (b, h, n, d, dt) in POINTS:
-    dtype, es, p, hpr, out, lse, send = _inputs(b, h, d, n, dt)
-    nbytes = out.numel() * es + lse.numel() * 4 + send.numel() * es
-    sf.pack(out, lse, send)
-    ref = send.view(torch.uint8).clone()
+    p, hpr, out, lse, send, nbytes, ref = pack_point(b, h, n, d, dt)
     def table():
         pack_send(out, lse, send, n, hpr, d, p)
 
@@ -42,7 +39,7 @@ for (b, h, n, d, dt) in POINTS:
     fns = {"sf": lambda: sf.pack(out, lse, send), "table": table}
     fns.update({name: under(cfg) for name, cfg in VARIANTS.items()})
     r = dict(B=b, H=h, N=n, D=d, dtype=dt, table_launch=str(tuning.launch(
-        "pack", b, h, d // 2 if es == 2 else d, n, True)))
+        "pack", b, h, d // 2 if out.element_size() == 2 else d, n, True)))
     check_bytes(fns, send, ref, (b, h, n, d, dt))
     r["us"], r["rounds"], _ = timed_rounds(fns, nbytes, 2)
     r["pct_copy"] = {k: 100 * nbytes / v / 1e3 / copy for k, v in r["us"].items()}
