@@ -142,10 +142,14 @@ TABLE: dict[str, tuple[Rule, ...]] = {
     # (eighth pass: 512-lane heads up to 1024 rows two heads a program, 4 warps, loads in the
     # stores' layout: a median 0.89 of the straightforward kernel's time, worst 0.92, against
     # 0.92 and 0.96 for one head a program, from a sweep of 32 launches at those 17 points)
+    # (ninth pass: 512-lane heads from 1k to 2k rows two heads and two warps a program, vector
+    # loads: 0.87-0.91 of the straightforward kernel's time against 0.91-0.94 for one head and
+    # a warp, the best of 22 launches at all 5 such points in two sweeps a session apart)
     "pack": (Rule(1024, 1024, 1024, 4, lane_loads=True, min_head_lanes=512, max_head_lanes=512),
              Rule(256, 1024, 256, 4, lane_loads=True),
              Rule(1024, 1024, 512, 4, lane_loads=True, max_head_lanes=256),
              Rule(1024, 1024, 512, 4),
+             Rule(2048, 1024, 1024, 2, min_head_lanes=512, max_head_lanes=512),
              Rule(8192, 1024, 2048, 2, slab=True, slab_warps=((0, 0, 2),), min_rows=4096,
                   min_head_lanes=512, max_head_lanes=512),
              Rule(_ANY, 1024, 512, 1, head_major=True, min_rows=8192, min_head_lanes=512,
@@ -173,9 +177,11 @@ INTERPRETER = {"pack": Rule(_ANY, 1024, 4096, 4),
                "combine": Rule(_ANY, 512, 4096, 4, span_tokens=True),
                "scale": Rule(_ANY, 512, 4096, 4, span_tokens=True)}
 
-# The pack rules as the seventh pass left them (docs/perf.md): one head a program for heads of
-# 512 lanes up to 1024 rows.
-_PACK_SEVENTH = TABLE["pack"][1:]
+# The pack rules as the eighth pass left them (docs/perf.md): one head and one warp a program
+# for heads of 512 lanes from 1k to 2k rows.
+_PACK_EIGHTH = TABLE["pack"][:4] + TABLE["pack"][5:]
+# ... and as the seventh pass did: one head a program for heads of 512 lanes up to 1024 rows.
+_PACK_SEVENTH = _PACK_EIGHTH[1:]
 # ... and as the sixth pass did: no rule of their own for heads of 512 lanes above 1024 rows.
 _PACK_SIXTH = _PACK_SEVENTH[:3] + _PACK_SEVENTH[5:]
 # ... and as the fifth pass left them: vector loads at every size, 4 warps for every slab
@@ -231,6 +237,7 @@ CANDIDATES: dict[str, dict[str, tuple[Rule, ...]]] = {
     # the pack rules of the sixth and seventh passes
     "pack_sixth_pass": {**TABLE, "pack": _PACK_SIXTH},
     "pack_seventh_pass": {**TABLE, "pack": _PACK_SEVENTH},
+    "pack_eighth_pass": {**TABLE, "pack": _PACK_EIGHTH},
     # the pack rules of the third pass (one head a program and 2 warps up to 1024 rows, 4096
     # lanes and 8 warps above)
     "pack_third_pass": {**TABLE, "pack": (Rule(1024, 1024, 1, 2), Rule(32768, 1024, 4096, 8),

@@ -46,44 +46,49 @@ def triton_copy(src, dst, block, warps, persistent=None):
     return lambda: _copy_kernel[grid](src, dst, n, BLOCK=block, num_warps=warps)
 
 
-t0, budget = time.time(), float(sys.argv[2])
-copy = copy_bandwidth(1 << 30)
-sms = torch.cuda.get_device_properties(0).multi_processor_count
-# (elements a program, warps, persistent programs); every thread holds a 16-byte word or more
-COPIES = [(1024, 4, None), (2048, 4, None), (2048, 8, None), (4096, 4, None), (4096, 8, None),
-          (4096, 16, None), (8192, 8, None), (8192, 16, None), (4096, 8, 4 * sms),
-          (4096, 8, 8 * sms)]
-pts = sorted((p for p in grid_points() if p[3] == 512 and p[4] == "float32"
-              and p[0] * p[1] >= 4096), key=lambda p: p[0] * p[1])
-rows = []
-for (b, h, n, d, dt) in pts:
-    if time.time() - t0 > budget:
-        break
-    p, hpr, out, lse, send, nbytes, ref = pack_point(b, h, n, d, dt)
-    variants = {"sf": lambda: sf.pack(out, lse, send), "table": lambda: pack(out, lse, send, hpr)}
-    check_bytes(variants, send, ref, (b, h, n, d, dt))
-    # nbytes / 2 each way, as int32 words: 16-byte accesses when a thread holds 4 of them
-    c_src = torch.randint(-2 ** 31, 2 ** 31 - 1, (nbytes // 8,), dtype=torch.int32, device="cuda")
-    c_dst = torch.empty_like(c_src)
-    copies = {"copy_": lambda: c_dst.copy_(c_src)}
-    copies.update({f"tl{blk}x{w}" + (f"_p{pers // sms}" if pers else ""):
-                   triton_copy(c_src, c_dst, blk, w, pers) for blk, w, pers in COPIES})
-    check_bytes(copies, c_dst, c_src.view(torch.uint8), (b, h, n, d, dt))
-    variants.update(copies)
-    us, times, _ = timed_rounds(variants, nbytes)
-    best = min(copies, key=us.get)
-    r = dict(B=b, H=h, N=n, D=d, dtype=dt, us=us, rounds=times, best_copy=best,
-             best_copy_over_sf=us[best] / us["sf"], table_over_sf=us["table"] / us["sf"],
-             best_copy_over_copy_=us[best] / us["copy_"], table_over_best_copy=us["table"] / us[best])
-    rows.append(r)
-    print(f"{b} {h} {n} rows {b * h}: sf {us['sf']:.2f} table {us['table']:.2f} copy_ "
-          f"{us['copy_']:.2f} best {best} {us[best]:.2f} | best/sf {r['best_copy_over_sf']:.3f} "
-          f"table/sf {r['table_over_sf']:.3f} best/copy_ {r['best_copy_over_copy_']:.3f} "
-          f"table/best {r['table_over_best_copy']:.3f}", flush=True)
-    json.dump(dict(device=torch.cuda.get_device_name(), copy_gbps=copy, rows=rows),
-              open(sys.argv[1], "w"), indent=1)
-for k in ("best_copy_over_sf", "table_over_sf", "best_copy_over_copy_", "table_over_best_copy"):
-    rs = [r[k] for r in rows]
-    print(f"{k}: min {min(rs):.3f} median {statistics.median(rs):.3f} max {max(rs):.3f}")
-print(f"best copy >= 0.95 x sf at {sum(r['best_copy_over_sf'] >= 0.95 for r in rows)} of "
-      f"{len(rows)} points; {len(rows)} of {len(pts)} points in {time.time() - t0:.0f} s")
+def main():
+    t0, budget = time.time(), float(sys.argv[2])
+    copy = copy_bandwidth(1 << 30)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    # (elements a program, warps, persistent programs); every thread holds a 16-byte word or more
+    COPIES = [(1024, 4, None), (2048, 4, None), (2048, 8, None), (4096, 4, None), (4096, 8, None),
+              (4096, 16, None), (8192, 8, None), (8192, 16, None), (4096, 8, 4 * sms),
+              (4096, 8, 8 * sms)]
+    pts = sorted((p for p in grid_points() if p[3] == 512 and p[4] == "float32"
+                  and p[0] * p[1] >= 4096), key=lambda p: p[0] * p[1])
+    rows = []
+    for (b, h, n, d, dt) in pts:
+        if time.time() - t0 > budget:
+            break
+        p, hpr, out, lse, send, nbytes, ref = pack_point(b, h, n, d, dt)
+        variants = {"sf": lambda: sf.pack(out, lse, send), "table": lambda: pack(out, lse, send, hpr)}
+        check_bytes(variants, send, ref, (b, h, n, d, dt))
+        # nbytes / 2 each way, as int32 words: 16-byte accesses when a thread holds 4 of them
+        c_src = torch.randint(-2 ** 31, 2 ** 31 - 1, (nbytes // 8,), dtype=torch.int32, device="cuda")
+        c_dst = torch.empty_like(c_src)
+        copies = {"copy_": lambda: c_dst.copy_(c_src)}
+        copies.update({f"tl{blk}x{w}" + (f"_p{pers // sms}" if pers else ""):
+                       triton_copy(c_src, c_dst, blk, w, pers) for blk, w, pers in COPIES})
+        check_bytes(copies, c_dst, c_src.view(torch.uint8), (b, h, n, d, dt))
+        variants.update(copies)
+        us, times, _ = timed_rounds(variants, nbytes)
+        best = min(copies, key=us.get)
+        r = dict(B=b, H=h, N=n, D=d, dtype=dt, us=us, rounds=times, best_copy=best,
+                 best_copy_over_sf=us[best] / us["sf"], table_over_sf=us["table"] / us["sf"],
+                 best_copy_over_copy_=us[best] / us["copy_"], table_over_best_copy=us["table"] / us[best])
+        rows.append(r)
+        print(f"{b} {h} {n} rows {b * h}: sf {us['sf']:.2f} table {us['table']:.2f} copy_ "
+              f"{us['copy_']:.2f} best {best} {us[best]:.2f} | best/sf {r['best_copy_over_sf']:.3f} "
+              f"table/sf {r['table_over_sf']:.3f} best/copy_ {r['best_copy_over_copy_']:.3f} "
+              f"table/best {r['table_over_best_copy']:.3f}", flush=True)
+        json.dump(dict(device=torch.cuda.get_device_name(), copy_gbps=copy, rows=rows),
+                  open(sys.argv[1], "w"), indent=1)
+    for k in ("best_copy_over_sf", "table_over_sf", "best_copy_over_copy_", "table_over_best_copy"):
+        rs = [r[k] for r in rows]
+        print(f"{k}: min {min(rs):.3f} median {statistics.median(rs):.3f} max {max(rs):.3f}")
+    print(f"best copy >= 0.95 x sf at {sum(r['best_copy_over_sf'] >= 0.95 for r in rows)} of "
+          f"{len(rows)} points; {len(rows)} of {len(pts)} points in {time.time() - t0:.0f} s")
+
+
+if __name__ == "__main__":
+    main()

@@ -86,17 +86,22 @@ def test_large_pack_takes_the_slab_kernel_where_it_fits(compiled, h, n, words, h
     assert not tuning.launch("pack", 512, h, words, n, slab_ok=True).slab
 
 
-@pytest.mark.parametrize("b, h, n", [(16, 128, 8), (32, 64, 4), (64, 128, 8), (128, 64, 4),
-                                     (256, 64, 8), (1024, 128, 8), (8192, 16, 2)])
+@pytest.mark.parametrize("b, h, n", [(16, 128, 8), (32, 64, 4), (128, 16, 2), (32, 128, 8),
+                                     (64, 128, 8), (128, 64, 4), (256, 64, 8), (1024, 128, 8),
+                                     (8192, 16, 2)])
 def test_heads_of_512_lanes_take_their_own_rules(compiled, b, h, n):
-    """fp32 D=512 (512-lane heads) from 1k to 4k rows: the row kernel, a head and a warp a
-    program, token-major; from 4k to 8k rows the slab kernel, 4 heads and 2 warps, where it
-    fits; above, the row kernel on a head-major grid, also where the slab kernel fits. Heads of
-    other sizes at the same rows keep the rules they had."""
+    """fp32 D=512 (512-lane heads) from 1k to 2k rows: the row kernel, two heads and two warps
+    a program, vector loads, token-major; to 4k rows a head and a warp a program; from 4k to
+    8k rows the slab kernel, 4 heads and 2 warps, where it fits; above, the row kernel on a
+    head-major grid, also where the slab kernel fits. Heads of other sizes at the same rows
+    keep the rules they had."""
     rows = b * h
     fits, row = (tuning.launch("pack", b, h, 512, n, slab_ok=ok) for ok in (True, False))
     one_head = (row.block_h, row.block_d, row.num_warps, row.slab)
-    if rows <= 4096:
+    if rows <= 2048:
+        assert one_head == (2, 512, 2, False) and not row.lane_loads and not row.head_major
+        assert fits == row
+    elif rows <= 4096:
         assert one_head == (1, 512, 1, False) and not row.head_major and fits == row
     elif rows <= 8192:
         assert (fits.block_h, fits.num_warps, fits.slab, fits.head_major) == (4, 2, True, False)
