@@ -2,8 +2,10 @@
 and reference bytes, and a check of every variant's wire bytes before timing them
 (``dcp_a2a.testing.bench.timed_rounds`` then times them in interleaved rounds)."""
 import torch
+from dcp_a2a.kernels import tuning
+from dcp_a2a.kernels.pack import pack
 from dcp_a2a.testing import straightforward as sf
-from dcp_a2a.testing.bench import _inputs
+from dcp_a2a.testing.bench import _inputs, grid_points
 
 
 def pack_point(b, h, n, d, dt):
@@ -22,3 +24,25 @@ def check_bytes(variants, send, ref, where):
         send.view(torch.uint8).fill_(0xFF)
         fn()
         assert torch.equal(send.view(torch.uint8), ref), (name, *where)
+
+
+def fp32_d512_points(min_rows):
+    """The grid's fp32 D=512 points of at least ``min_rows`` rows, fewest rows first."""
+    return sorted((p for p in grid_points() if p[3] == 512 and p[4] == "float32"
+                   and p[0] * p[1] >= min_rows), key=lambda p: p[0] * p[1])
+
+
+def packs(out, lse, send, hpr):
+    """The two packs every script times: the straightforward kernel and the table's."""
+    return {"sf": lambda: sf.pack(out, lse, send), "table": lambda: pack(out, lse, send, hpr)}
+
+
+def pack_under(cfg, out, lse, send, hpr):
+    """A pack with the launch ``cfg`` in place of the table's (``tuning.OVERRIDES``)."""
+    def run():
+        tuning.OVERRIDES["pack"] = cfg
+        try:
+            pack(out, lse, send, hpr)
+        finally:
+            tuning.OVERRIDES.clear()
+    return run

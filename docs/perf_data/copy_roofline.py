@@ -13,10 +13,8 @@ import json, statistics, sys, time
 import torch
 import triton
 import triton.language as tl
-from dcp_a2a.kernels.pack import pack
-from dcp_a2a.testing import straightforward as sf
-from dcp_a2a.testing.bench import grid_points, copy_bandwidth, timed_rounds
-from _rounds import check_bytes, pack_point
+from dcp_a2a.testing.bench import copy_bandwidth, timed_rounds
+from _rounds import check_bytes, fp32_d512_points, pack_point, packs
 
 
 @triton.jit
@@ -54,14 +52,13 @@ def main():
     COPIES = [(1024, 4, None), (2048, 4, None), (2048, 8, None), (4096, 4, None), (4096, 8, None),
               (4096, 16, None), (8192, 8, None), (8192, 16, None), (4096, 8, 4 * sms),
               (4096, 8, 8 * sms)]
-    pts = sorted((p for p in grid_points() if p[3] == 512 and p[4] == "float32"
-                  and p[0] * p[1] >= 4096), key=lambda p: p[0] * p[1])
+    pts = fp32_d512_points(4096)
     rows = []
     for (b, h, n, d, dt) in pts:
         if time.time() - t0 > budget:
             break
         p, hpr, out, lse, send, nbytes, ref = pack_point(b, h, n, d, dt)
-        variants = {"sf": lambda: sf.pack(out, lse, send), "table": lambda: pack(out, lse, send, hpr)}
+        variants = packs(out, lse, send, hpr)
         check_bytes(variants, send, ref, (b, h, n, d, dt))
         # nbytes / 2 each way, as int32 words: 16-byte accesses when a thread holds 4 of them
         c_src = torch.randint(-2 ** 31, 2 ** 31 - 1, (nbytes // 8,), dtype=torch.int32, device="cuda")

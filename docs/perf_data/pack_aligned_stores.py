@@ -33,10 +33,8 @@ import torch
 import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
-from dcp_a2a.kernels.pack import pack
-from dcp_a2a.testing import straightforward as sf
-from dcp_a2a.testing.bench import grid_points, copy_bandwidth, timed_rounds
-from _rounds import check_bytes, pack_point
+from dcp_a2a.testing.bench import copy_bandwidth, timed_rounds
+from _rounds import check_bytes, fp32_d512_points, pack_point, packs
 from copy_roofline import triton_copy
 
 ROW = tl.constexpr(513)      # wire words a row (512 data + the LSE)
@@ -70,37 +68,33 @@ def _row_tma(out_ptr, lse_ptr, wire_ptr, desc, g, g0, ok, src, lsrc, k: tl.const
 
 @triton.jit
 def _pack_tma_kernel(out_ptr, lse_ptr, wire_ptr, desc, B, n_groups, HPR: tl.constexpr,
-                     s_ob, s_oh, s_lb, s_lh, BR: tl.constexpr):
+                     s_ob, s_oh, s_lb, s_lh, BR: tl.constexpr, ALIGNED: tl.constexpr):
+    """Groups g0 .. g0+BR-1 of 4 wire rows: ``ALIGNED``, boxes of the group's words at
+    16-byte coordinates, gathered lane by lane; else each row's two boxes of 256 data words at
+    the row's own coordinate, and its LSE word by a plain store."""
     g0 = tl.program_id(0) * BR
     g = g0 + tl.arange(0, BR)
     ok = g < n_groups
     src, lsrc = _group_src(g, B, HPR, s_ob, s_oh, s_lb, s_lh)
-    for k in tl.static_range(4):
-        _row_tma(out_ptr, lse_ptr, wire_ptr, desc, g, g0, ok, src, lsrc, k, s_oh, s_lh, BR)
-
-
-@triton.jit
-def _pack_tma_aligned_kernel(out_ptr, lse_ptr, wire_ptr, desc, B, n_groups, HPR: tl.constexpr,
-                             s_ob, s_oh, s_lb, s_lh, BR: tl.constexpr):
-    g0 = tl.program_id(0) * BR
-    g = g0 + tl.arange(0, BR)
-    ok = g < n_groups
-    src, lsrc = _group_src(g, B, HPR, s_ob, s_oh, s_lb, s_lh)
-    for c in tl.static_range(GROUP // BOX):
-        w = c * BOX + tl.arange(0, BOX)[None, :]
-        k = w // ROW
-        lane = w - k * ROW
-        data = tl.load(out_ptr + src[:, None] + k * s_oh + lane,
-                       mask=ok[:, None] & (lane < 512))
-        lse = tl.load(lse_ptr + lsrc[:, None] + k * s_lh, mask=ok[:, None] & (lane == 512))
-        desc.store([g0, c * BOX], tl.where(lane == 512, lse.to(tl.int32, bitcast=True), data))
-    # the group's last 4 words: row 3's lanes 509..511 and its LSE
-    t = GROUP - 4 + tl.arange(0, 4)[None, :]
-    lane = t - 3 * ROW
-    data = tl.load(out_ptr + src[:, None] + 3 * s_oh + lane, mask=ok[:, None] & (lane < 512))
-    lse = tl.load(lse_ptr + lsrc[:, None] + 3 * s_lh, mask=ok[:, None] & (lane == 512))
-    tl.store(wire_ptr + g.to(tl.int64)[:, None] * GROUP + t,
-             tl.where(lane == 512, lse.to(tl.int32, bitcast=True), data), mask=ok[:, None])
+    if ALIGNED:
+        for c in tl.static_range(GROUP // BOX):
+            w = c * BOX + tl.arange(0, BOX)[None, :]
+            k = w // ROW
+            lane = w - k * ROW
+            data = tl.load(out_ptr + src[:, None] + k * s_oh + lane,
+                           mask=ok[:, None] & (lane < 512))
+            lse = tl.load(lse_ptr + lsrc[:, None] + k * s_lh, mask=ok[:, None] & (lane == 512))
+            desc.store([g0, c * BOX], tl.where(lane == 512, lse.to(tl.int32, bitcast=True), data))
+        # the group's last 4 words: row 3's lanes 509..511 and its LSE
+        t = GROUP - 4 + tl.arange(0, 4)[None, :]
+        lane = t - 3 * ROW
+        data = tl.load(out_ptr + src[:, None] + 3 * s_oh + lane, mask=ok[:, None] & (lane < 512))
+        lse = tl.load(lse_ptr + lsrc[:, None] + 3 * s_lh, mask=ok[:, None] & (lane == 512))
+        tl.store(wire_ptr + g.to(tl.int64)[:, None] * GROUP + t,
+                 tl.where(lane == 512, lse.to(tl.int32, bitcast=True), data), mask=ok[:, None])
+    else:
+        for k in tl.static_range(4):
+            _row_tma(out_ptr, lse_ptr, wire_ptr, desc, g, g0, ok, src, lsrc, k, s_oh, s_lh, BR)
 
 
 @triton.jit
@@ -161,10 +155,10 @@ def tma_pack(out, lse, send, hpr, br, warps, aligned):
     wire = send.view(torch.int32).view(n_groups, GROUP.value)
     desc = TensorDescriptor(wire, [n_groups, GROUP.value], [GROUP.value, 1], [br, BOX.value])
     o = out.view(torch.int32)
-    kern = _pack_tma_aligned_kernel if aligned else _pack_tma_kernel
     grid = (triton.cdiv(n_groups, br),)
-    return lambda: kern[grid](o, lse, wire, desc, b, n_groups, hpr, o.stride(0), o.stride(1),
-                              lse.stride(0), lse.stride(1), BR=br, num_warps=warps)
+    return lambda: _pack_tma_kernel[grid](o, lse, wire, desc, b, n_groups, hpr, o.stride(0),
+                                          o.stride(1), lse.stride(0), lse.stride(1), BR=br,
+                                          ALIGNED=aligned, num_warps=warps)
 
 
 def tma_copy(src, dst, br):
@@ -194,15 +188,13 @@ GATHER = ((4, 1), (4, 2), (4, 4), (8, 2), (8, 4), (16, 4), (16, 8))
 def main():
     t0, budget, part = time.time(), float(sys.argv[2]), sys.argv[3]
     copy = copy_bandwidth(1 << 30)
-    pts = sorted((p for p in grid_points() if p[3] == 512 and p[4] == "float32"
-                  and p[0] * p[1] >= 16384), key=lambda p: p[0] * p[1])
+    pts = fp32_d512_points(16384)
     rows = []
     for (b, h, n, d, dt) in pts:
         if time.time() - t0 > budget:
             break
         p, hpr, out, lse, send, nbytes, ref = pack_point(b, h, n, d, dt)
-        variants = {"sf": lambda: sf.pack(out, lse, send),
-                    "table": lambda: pack(out, lse, send, hpr)}
+        variants = packs(out, lse, send, hpr)
         if part == "tma":
             for br, w in ((1, 4), (2, 4), (2, 8), (4, 8)) if UNALIGNED else ():
                 variants[f"tma{br}x{w}"] = tma_pack(out, lse, send, hpr, br, w, False)

@@ -28,30 +28,20 @@ def run(labels_path, check=False):
     straightforward kernel's, outside the profiler: its launches would be read too)."""
     import torch
     from dcp_a2a.kernels import tuning
-    from dcp_a2a.kernels.pack import pack
-    from dcp_a2a.testing import straightforward as sf
     from copy_roofline import triton_copy
-    from _rounds import check_bytes, pack_point
+    from _rounds import check_bytes, pack_point, pack_under, packs
 
     labels = []
     for b, h, n in POINTS:
         p, hpr, out, lse, send, nbytes, ref = pack_point(b, h, n, 512, "float32")
         labels.append(dict(variant=None, launches=1))  # pack_point's straightforward pack
-
-        def under(cfg):
-            def go():
-                tuning.OVERRIDES["pack"] = cfg
-                try:
-                    pack(out, lse, send, hpr)
-                finally:
-                    tuning.OVERRIDES.clear()
-            return go
-
-        v = {"sf": lambda: sf.pack(out, lse, send), "table": lambda: pack(out, lse, send, hpr),
-             "row1x1_token_major": under(tuning.Launch(1, 1024, 1)),
-             "row1x4": under(tuning.Launch(1, 1024, 4, head_major=True)),
-             "row1x1_lane": under(tuning.Launch(1, 1024, 1, lane_loads=True, head_major=True)),
-             "slab4x2": under(tuning.Launch(4, 1024, 2, slab=True, head_major=True))}
+        v = packs(out, lse, send, hpr)
+        for name, cfg in (("row1x1_token_major", tuning.Launch(1, 1024, 1)),
+                          ("row1x4", tuning.Launch(1, 1024, 4, head_major=True)),
+                          ("row1x1_lane", tuning.Launch(1, 1024, 1, lane_loads=True,
+                                                        head_major=True)),
+                          ("slab4x2", tuning.Launch(4, 1024, 2, slab=True, head_major=True))):
+            v[name] = pack_under(cfg, out, lse, send, hpr)
         if check:
             check_bytes(v, send, ref, (b, h, n))
             continue

@@ -20,7 +20,7 @@ from dcp_a2a.kernels import tuning
 from dcp_a2a.kernels.pack import lanes_of, slab_fits, pack
 from dcp_a2a.testing import straightforward as sf
 from dcp_a2a.testing.bench import grid_points, copy_bandwidth, timed_rounds
-from _rounds import check_bytes, pack_point
+from _rounds import check_bytes, pack_point, pack_under
 
 t0, budget = time.time(), float(sys.argv[2])
 HM = {**tuning.TABLE, "pack": tuple(
@@ -73,13 +73,7 @@ for (b, h, n, d, dt) in pts:
         return run
 
     def with_override(cfg):
-        def run():
-            tuning.OVERRIDES["pack"] = cfg
-            try:
-                pack(out, lse, send, hpr)
-            finally:
-                tuning.OVERRIDES.clear()
-        return run
+        return pack_under(cfg, out, lse, send, hpr)
 
     c_src = torch.empty(nbytes // 2, dtype=torch.uint8, device="cuda")
     c_dst = torch.empty_like(c_src)
