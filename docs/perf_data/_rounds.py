@@ -1,6 +1,7 @@
 """What the perf scripts here share besides the bench's timers: one grid point's pack inputs
 and reference bytes, and a check of every variant's wire bytes before timing them
 (``dcp_a2a.testing.bench.timed_rounds`` then times them in interleaved rounds)."""
+import time
 import torch
 from dcp_a2a.kernels import tuning
 from dcp_a2a.kernels.pack import pack
@@ -30,6 +31,24 @@ def fp32_d512_points(min_rows):
     """The grid's fp32 D=512 points of at least ``min_rows`` rows, fewest rows first."""
     return sorted((p for p in grid_points() if p[3] == 512 and p[4] == "float32"
                    and p[0] * p[1] >= min_rows), key=lambda p: p[0] * p[1])
+
+
+def fp32_d512_runs(min_rows, t0, budget):
+    """(point, ``pack_point(*point)``) for those points, while less than ``budget`` seconds
+    have passed since ``t0``."""
+    for pt in fp32_d512_points(min_rows):
+        if time.time() - t0 > budget:
+            return
+        yield pt, pack_point(*pt)
+
+
+def copy_pair(nbytes, row=None):
+    """A random int32 source of ``nbytes`` / 2 bytes (a pack's bytes one way) and an empty
+    destination, flat or in rows of ``row`` words."""
+    n = nbytes // 8
+    shape = (n,) if row is None else (n // row, row)
+    src = torch.randint(-2 ** 31, 2 ** 31 - 1, shape, dtype=torch.int32, device="cuda")
+    return src, torch.empty_like(src)
 
 
 def packs(out, lse, send, hpr):

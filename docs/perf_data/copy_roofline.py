@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 from dcp_a2a.testing.bench import copy_bandwidth, timed_rounds
-from _rounds import check_bytes, fp32_d512_points, pack_point, packs
+from _rounds import check_bytes, copy_pair, fp32_d512_points, fp32_d512_runs, packs
 
 
 @triton.jit
@@ -54,15 +54,12 @@ def main():
               (4096, 8, 8 * sms)]
     pts = fp32_d512_points(4096)
     rows = []
-    for (b, h, n, d, dt) in pts:
-        if time.time() - t0 > budget:
-            break
-        p, hpr, out, lse, send, nbytes, ref = pack_point(b, h, n, d, dt)
+    for (b, h, n, d, dt), (p, hpr, out, lse, send, nbytes, ref) in fp32_d512_runs(4096, t0,
+                                                                                  budget):
         variants = packs(out, lse, send, hpr)
         check_bytes(variants, send, ref, (b, h, n, d, dt))
-        # nbytes / 2 each way, as int32 words: 16-byte accesses when a thread holds 4 of them
-        c_src = torch.randint(-2 ** 31, 2 ** 31 - 1, (nbytes // 8,), dtype=torch.int32, device="cuda")
-        c_dst = torch.empty_like(c_src)
+        # as int32 words: 16-byte accesses when a thread holds 4 of them
+        c_src, c_dst = copy_pair(nbytes)
         copies = {"copy_": lambda: c_dst.copy_(c_src)}
         copies.update({f"tl{blk}x{w}" + (f"_p{pers // sms}" if pers else ""):
                        triton_copy(c_src, c_dst, blk, w, pers) for blk, w, pers in COPIES})

@@ -36,7 +36,7 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 from dcp_a2a.testing.bench import copy_bandwidth, timed_rounds
-from _rounds import check_bytes, fp32_d512_points, pack_point, packs
+from _rounds import check_bytes, copy_pair, fp32_d512_points, fp32_d512_runs, pack_point, packs
 from copy_roofline import triton_copy
 
 ROW = tl.constexpr(513)      # wire words a row (512 data + the LSE)
@@ -193,10 +193,8 @@ def main():
     copy = copy_bandwidth(1 << 30)
     pts = fp32_d512_points(16384)
     rows = []
-    for (b, h, n, d, dt) in pts:
-        if time.time() - t0 > budget:
-            break
-        p, hpr, out, lse, send, nbytes, ref = pack_point(b, h, n, d, dt)
+    for (b, h, n, d, dt), (p, hpr, out, lse, send, nbytes, ref) in fp32_d512_runs(16384, t0,
+                                                                                  budget):
         variants = packs(out, lse, send, hpr)
         if part == "tma":
             for br, w in ((1, 4), (2, 4), (2, 8), (4, 8)) if UNALIGNED else ():
@@ -216,9 +214,7 @@ def main():
                 if ptx:
                     print(k, "stores:", {w: ptx.count(f"st.global{w}") for w in
                                          (".v4.b32", ".v2.b32", ".b32")}, flush=True)
-        c_src = torch.randint(-2 ** 31, 2 ** 31 - 1, (nbytes // 8 // 1024, 1024),
-                              dtype=torch.int32, device="cuda")
-        c_dst = torch.empty_like(c_src)
+        c_src, c_dst = copy_pair(nbytes, 1024)
         copies = {"copy_": lambda: c_dst.copy_(c_src)}
         if part == "tma":
             copies.update({f"tmacopy{br}": tma_copy(c_src, c_dst, br) for br in (1, 4)})

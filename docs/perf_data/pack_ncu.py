@@ -29,7 +29,7 @@ def run(labels_path, check=False):
     import torch
     from dcp_a2a.kernels import tuning
     from copy_roofline import triton_copy
-    from _rounds import check_bytes, pack_point, pack_under, packs
+    from _rounds import check_bytes, copy_pair, pack_point, pack_under, packs
 
     labels = []
     for b, h, n in POINTS:
@@ -45,9 +45,7 @@ def run(labels_path, check=False):
         if check:
             check_bytes(v, send, ref, (b, h, n))
             continue
-        src = torch.randint(-2 ** 31, 2 ** 31 - 1, (nbytes // 8,), dtype=torch.int32,
-                            device="cuda")
-        dst = torch.empty_like(src)
+        src, dst = copy_pair(nbytes)
         v["copy4096x8"] = triton_copy(src, dst, 4096, 8)
         torch.cuda.synchronize()
         for name, fn in v.items():
