@@ -4,7 +4,8 @@ and the counters of the second are read: DRAM bytes each way, L2 sectors and req
 the warps resident. The launches: the straightforward kernel, the table's, a few of the
 sweeps' losers, and a plain Triton copy of as many bytes (the floor).
 
-    ncu --clock-control none -k regex:'_pack|_copy' --metrics M --csv \\
+    ncu --clock-control none -k regex:'_pack|_copy' --csv \\
+        --metrics $(python docs/perf_data/pack_ncu.py metrics) \\
         python docs/perf_data/pack_ncu.py run LABELS.json    (PYTHONPATH=. from the checkout)
     python docs/perf_data/pack_ncu.py check   (the variants' bytes, outside the profiler)
     python docs/perf_data/pack_ncu.py table LABELS.json NCU.csv OUT.json
@@ -90,4 +91,5 @@ def table(labels_path, csv_path, out_path):
 
 
 if __name__ == "__main__":
-    {"run": run, "check": lambda: run(None, check=True), "table": table}[sys.argv[1]](*sys.argv[2:])
+    {"run": run, "check": lambda: run(None, check=True), "table": table,
+     "metrics": lambda: print(",".join(METRICS))}[sys.argv[1]](*sys.argv[2:])

@@ -97,17 +97,17 @@ def test_heads_of_512_lanes_take_their_own_rules(compiled, b, h, n):
     keep the rules they had."""
     rows = b * h
     fits, row = (tuning.launch("pack", b, h, 512, n, slab_ok=ok) for ok in (True, False))
-    one_head = (row.block_h, row.block_d, row.num_warps, row.slab)
+    row_shape = (row.block_h, row.block_d, row.num_warps, row.slab)
     if rows <= 2048:
-        assert one_head == (2, 512, 2, False) and not row.lane_loads and not row.head_major
+        assert row_shape == (2, 512, 2, False) and not row.lane_loads and not row.head_major
         assert fits == row
     elif rows <= 4096:
-        assert one_head == (1, 512, 1, False) and not row.head_major and fits == row
+        assert row_shape == (1, 512, 1, False) and not row.head_major and fits == row
     elif rows <= 8192:
         assert (fits.block_h, fits.num_warps, fits.slab, fits.head_major) == (4, 2, True, False)
-        assert one_head == (1, 512, 1, False) and not row.head_major
+        assert row_shape == (1, 512, 1, False) and not row.head_major
     else:
-        assert one_head == (1, 512, 1, False) and row.head_major and fits == row
+        assert row_shape == (1, 512, 1, False) and row.head_major and fits == row
         assert row.grid(b, h) == (h, b)
     for lanes in (256, 1024):
         assert not tuning.launch("pack", b, h, lanes, n, slab_ok=True).head_major
