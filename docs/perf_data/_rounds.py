@@ -33,10 +33,10 @@ def fp32_d512_points(min_rows):
                    and p[0] * p[1] >= min_rows), key=lambda p: p[0] * p[1])
 
 
-def fp32_d512_runs(min_rows, t0, budget):
-    """(point, ``pack_point(*point)``) for those points, while less than ``budget`` seconds
+def point_runs(points, t0, budget):
+    """(point, ``pack_point(*point)``) for ``points``, while less than ``budget`` seconds
     have passed since ``t0``."""
-    for pt in fp32_d512_points(min_rows):
+    for pt in points:
         if time.time() - t0 > budget:
             return
         yield pt, pack_point(*pt)

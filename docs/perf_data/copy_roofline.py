@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 from dcp_a2a.testing.bench import copy_bandwidth, timed_rounds
-from _rounds import check_bytes, copy_pair, fp32_d512_points, fp32_d512_runs, packs
+from _rounds import check_bytes, copy_pair, fp32_d512_points, point_runs, packs
 
 
 @triton.jit
@@ -54,8 +54,7 @@ def main():
               (4096, 8, 8 * sms)]
     pts = fp32_d512_points(4096)
     rows = []
-    for (b, h, n, d, dt), (p, hpr, out, lse, send, nbytes, ref) in fp32_d512_runs(4096, t0,
-                                                                                  budget):
+    for (b, h, n, d, dt), (p, hpr, out, lse, send, nbytes, ref) in point_runs(pts, t0, budget):
         variants = packs(out, lse, send, hpr)
         check_bytes(variants, send, ref, (b, h, n, d, dt))
         # as int32 words: 16-byte accesses when a thread holds 4 of them

@@ -36,7 +36,7 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 from dcp_a2a.testing.bench import copy_bandwidth, timed_rounds
-from _rounds import check_bytes, copy_pair, fp32_d512_points, fp32_d512_runs, pack_point, packs
+from _rounds import check_bytes, copy_pair, fp32_d512_points, point_runs, pack_point, packs
 from copy_roofline import triton_copy
 
 ROW = tl.constexpr(513)      # wire words a row (512 data + the LSE)
@@ -57,7 +57,7 @@ def _group_src(g, B, HPR: tl.constexpr, s_ob, s_oh, s_lb, s_lh):
 
 @triton.jit
 def _row_tma(out_ptr, lse_ptr, wire_ptr, desc, g, g0, ok, src, lsrc, k: tl.constexpr,
-             s_oh, s_lh, BR: tl.constexpr):
+             s_oh, s_lh):
     lanes = tl.arange(0, BOX)[None, :]
     x0 = tl.load(out_ptr + (src + k * s_oh)[:, None] + lanes, mask=ok[:, None])
     x1 = tl.load(out_ptr + (src + k * s_oh + BOX)[:, None] + lanes, mask=ok[:, None])
@@ -96,7 +96,7 @@ def _pack_tma_kernel(out_ptr, lse_ptr, wire_ptr, desc, B, n_groups, HPR: tl.cons
                  tl.where(lane == 512, lse.to(tl.int32, bitcast=True), data), mask=ok[:, None])
     else:
         for k in tl.static_range(4):
-            _row_tma(out_ptr, lse_ptr, wire_ptr, desc, g, g0, ok, src, lsrc, k, s_oh, s_lh, BR)
+            _row_tma(out_ptr, lse_ptr, wire_ptr, desc, g, g0, ok, src, lsrc, k, s_oh, s_lh)
 
 
 @triton.jit
@@ -193,8 +193,7 @@ def main():
     copy = copy_bandwidth(1 << 30)
     pts = fp32_d512_points(16384)
     rows = []
-    for (b, h, n, d, dt), (p, hpr, out, lse, send, nbytes, ref) in fp32_d512_runs(16384, t0,
-                                                                                  budget):
+    for (b, h, n, d, dt), (p, hpr, out, lse, send, nbytes, ref) in point_runs(pts, t0, budget):
         variants = packs(out, lse, send, hpr)
         if part == "tma":
             for br, w in ((1, 4), (2, 4), (2, 8), (4, 8)) if UNALIGNED else ():
