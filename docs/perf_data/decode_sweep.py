@@ -1,0 +1,68 @@
+"""Launches around the table's at issue 14's decode target (B=1 H=128 D=512 N=8 bf16: pack +
+unpack <= 3.0 us under graph replay), in interleaved rounds (docs/perf.md, tenth pass).
+
+Pack: the row kernel at 1, 2 or 4 heads a program x 1-8 warps, vector or lane loads, and the
+slab kernel at 4, 8 or 16 heads x 1-8 warps. Combine: 1 or 2 heads a program x 1-16 warps, the
+head in one 256-word tile. Every pack variant's wire bytes are checked against the
+straightforward kernel's, every combine's output against the table's, bit for bit, first.
+
+    python docs/perf_data/decode_sweep.py OUT.json [ROUNDS]   (on a GPU; PYTHONPATH=.)
+"""
+import json, statistics, sys
+import torch
+from dcp_a2a.kernels import tuning
+from dcp_a2a.ops import unpack_combine
+from dcp_a2a.testing.bench import timed_rounds
+from _rounds import check_bytes, pack_point, pack_under, packs
+
+B, H, N, D, DT = 1, 128, 8, 512, "bfloat16"
+rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 7
+p, hpr, out, lse, send, nbytes, ref = pack_point(B, H, N, D, DT)
+
+pack_variants = packs(out, lse, send, hpr)
+for heads in (1, 2, 4):
+    for warps in (1, 2, 4, 8):
+        for lane in (False, True):
+            cfg = tuning.Launch(heads, 256, warps, lane_loads=lane)
+            pack_variants[f"row{heads}x{warps}" + "_lane" * lane] = pack_under(
+                cfg, out, lse, send, hpr)
+for heads in (4, 8, 16):
+    for warps in (1, 2, 4, 8):
+        pack_variants[f"slab{heads}x{warps}"] = pack_under(
+            tuning.Launch(heads, 256, warps, slab=True), out, lse, send, hpr)
+check_bytes(pack_variants, send, ref, (B, H, N, D, DT))
+recv = send.clone()
+
+
+def combine_under(cfg):
+    def run():
+        tuning.OVERRIDES["combine"] = cfg
+        try:
+            return unpack_combine(recv, D, p, False, True)
+        finally:
+            tuning.OVERRIDES.clear()
+    return run
+
+
+want = unpack_combine(recv, D, p, False, True)
+combine_variants = {"table": lambda: unpack_combine(recv, D, p, False, True)}
+for heads in (1, 2):
+    for warps in (1, 2, 4, 8, 16):
+        combine_variants[f"c{heads}x{warps}"] = combine_under(tuning.Launch(heads, 256, warps))
+for name, fn in combine_variants.items():
+    assert torch.equal(fn().view(torch.int16), want.view(torch.int16)), name
+
+res = dict(device=torch.cuda.get_device_name(), shape=[B, H, D, N, DT], rounds_asked=rounds)
+for part, variants in (("pack", pack_variants), ("combine", combine_variants)):
+    med, times, _ = timed_rounds(variants, nbytes, rounds)
+    res[part] = dict(median_us=med, rounds=times)
+    base = med["table"]
+    for name in sorted(med, key=med.get)[:8]:
+        print(f"{part} {name}: {med[name]:.3f} us ({med[name] / base:.3f} x table) "
+              f"[{min(times[name]):.3f}-{max(times[name]):.3f}]")
+    print(f"{part} table {base:.3f}" + (f", sf {med['sf']:.3f}" if "sf" in med else ""))
+json.dump(res, open(sys.argv[1], "w"), indent=1)
+best = {k: min(v for n, v in res[k]["median_us"].items() if n != "sf") for k in ("pack", "combine")}
+print(f"best pack + best combine {best['pack'] + best['combine']:.3f} us; table "
+      f"{res['pack']['median_us']['table'] + res['combine']['median_us']['table']:.3f} us; "
+      f"median spread {statistics.median(max(v) / min(v) for v in res['pack']['rounds'].values()):.3f}")
