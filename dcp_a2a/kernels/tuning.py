@@ -145,7 +145,11 @@ TABLE: dict[str, tuple[Rule, ...]] = {
     # (ninth pass: 512-lane heads from 1k to 2k rows two heads and two warps a program, vector
     # loads: 0.87-0.91 of the straightforward kernel's time against 0.91-0.94 for one head and
     # a warp, the best of 22 launches at all 5 such points in two sweeps a session apart)
+    # (tenth pass: 256-lane heads (16-bit D=512) up to 256 rows four heads a program, 4 warps,
+    # lane loads: B=1 H=128 N=8 bf16 1.29 against 1.40 us for one head a program, the best of
+    # 36 launches there, and the band's sweep in docs/perf.md)
     "pack": (Rule(1024, 1024, 1024, 4, lane_loads=True, min_head_lanes=512, max_head_lanes=512),
+             Rule(256, 1024, 1024, 4, lane_loads=True, min_head_lanes=256, max_head_lanes=256),
              Rule(256, 1024, 256, 4, lane_loads=True),
              Rule(1024, 1024, 512, 4, lane_loads=True, max_head_lanes=256),
              Rule(1024, 1024, 512, 4),
@@ -177,9 +181,12 @@ INTERPRETER = {"pack": Rule(_ANY, 1024, 4096, 4),
                "combine": Rule(_ANY, 512, 4096, 4, span_tokens=True),
                "scale": Rule(_ANY, 512, 4096, 4, span_tokens=True)}
 
-# The pack rules as the eighth pass left them (docs/perf.md): one head and one warp a program
-# for heads of 512 lanes from 1k to 2k rows.
-_PACK_EIGHTH = TABLE["pack"][:4] + TABLE["pack"][5:]
+# The pack rules as the ninth pass left them (docs/perf.md): one head a program for heads of
+# 256 lanes up to 256 rows.
+_PACK_NINTH = TABLE["pack"][:1] + TABLE["pack"][2:]
+# ... and as the eighth pass did: one head and one warp a program for heads of 512 lanes from
+# 1k to 2k rows.
+_PACK_EIGHTH = _PACK_NINTH[:4] + _PACK_NINTH[5:]
 # ... and as the seventh pass did: one head a program for heads of 512 lanes up to 1024 rows.
 _PACK_SEVENTH = _PACK_EIGHTH[1:]
 # ... and as the sixth pass did: no rule of their own for heads of 512 lanes above 1024 rows.
@@ -238,6 +245,7 @@ CANDIDATES: dict[str, dict[str, tuple[Rule, ...]]] = {
     "pack_sixth_pass": {**TABLE, "pack": _PACK_SIXTH},
     "pack_seventh_pass": {**TABLE, "pack": _PACK_SEVENTH},
     "pack_eighth_pass": {**TABLE, "pack": _PACK_EIGHTH},
+    "pack_ninth_pass": {**TABLE, "pack": _PACK_NINTH},
     # the pack rules of the third pass (one head a program and 2 warps up to 1024 rows, 4096
     # lanes and 8 warps above)
     "pack_third_pass": {**TABLE, "pack": (Rule(1024, 1024, 1, 2), Rule(32768, 1024, 4096, 8),

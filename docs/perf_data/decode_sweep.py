@@ -1,22 +1,45 @@
 """Launches around the table's at issue 14's decode target (B=1 H=128 D=512 N=8 bf16: pack +
 unpack <= 3.0 us under graph replay), in interleaved rounds (docs/perf.md, tenth pass).
 
-Pack: the row kernel at 1, 2 or 4 heads a program x 1-8 warps, vector or lane loads, and the
+Part "target", at that shape. Pack: the row kernel at 1, 2 or 4 heads a program x 1-8 warps, vector or lane loads, and the
 slab kernel at 4, 8 or 16 heads x 1-8 warps. Combine: 1 or 2 heads a program x 1-16 warps, the
 head in one 256-word tile. Every pack variant's wire bytes are checked against the
 straightforward kernel's, every combine's output against the table's, bit for bit, first.
 
-    python docs/perf_data/decode_sweep.py OUT.json [ROUNDS]   (on a GPU; PYTHONPATH=.)
+Part "band": the table against the ninth pass's pack rules (``pack_ninth_pass``) at every grid
+point of 16-bit D=512 (256-lane heads) up to 256 rows, where they differ, by
+``bench.grid_point`` (bytes checked, the straightforward kernel and a copy timed alike).
+
+    python docs/perf_data/decode_sweep.py OUT.json target|band [ROUNDS]   (on a GPU; PYTHONPATH=.)
 """
 import json, statistics, sys
 import torch
 from dcp_a2a.kernels import tuning
 from dcp_a2a.ops import unpack_combine
-from dcp_a2a.testing.bench import timed_rounds
+from dcp_a2a.testing.bench import copy_bandwidth, grid_point, grid_points, timed_rounds
 from _rounds import check_bytes, pack_point, pack_under, packs
 
 B, H, N, D, DT = 1, 128, 8, 512, "bfloat16"
-rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 7
+rounds = int(sys.argv[3]) if len(sys.argv) > 3 else 7
+
+if sys.argv[2] == "band":
+    copy, rows = copy_bandwidth(1 << 30), []
+    for pt in grid_points():
+        b, h, n, d, dt = pt
+        if d != 512 or dt == "float32" or b * h > 256:
+            continue
+        r = grid_point(*pt, copy, tables=("table", "pack_ninth_pass"), rounds=rounds)
+        rows.append(r)
+        new, old = (r["tables"][t]["pack_us"] for t in ("table", "pack_ninth_pass"))
+        print(f"{b} {h} {n} {dt}: table {new:.3f} ninth {old:.3f} sf "
+              f"{r['pack_straightforward_us']:.3f} | table/ninth {new / old:.3f} "
+              f"table/sf {r['pack_ratio']:.3f}", flush=True)
+    json.dump(dict(device=torch.cuda.get_device_name(), copy_gbps=copy, rows=rows),
+              open(sys.argv[1], "w"), indent=1)
+    q = [r["tables"]["table"]["pack_us"] / r["tables"]["pack_ninth_pass"]["pack_us"] for r in rows]
+    print(f"table / ninth: median {statistics.median(q):.3f} min {min(q):.3f} max {max(q):.3f}; "
+          f"table / sf worst {max(r['pack_ratio'] for r in rows):.3f}")
+    sys.exit()
 p, hpr, out, lse, send, nbytes, ref = pack_point(B, H, N, D, DT)
 
 pack_variants = packs(out, lse, send, hpr)

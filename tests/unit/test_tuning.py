@@ -122,7 +122,20 @@ def test_decode_heads_of_512_lanes_go_two_a_program(compiled, b, h, n):
     assert (cfg.block_h, cfg.block_d, cfg.num_warps, cfg.lane_loads, cfg.slab,
             cfg.head_major) == (2, 512, 4, True, False, False)
     assert tuning.launch("pack", b, h, 256, n) == tuning.Launch(
-        1 if b * h <= 256 else 2, 256, 4, lane_loads=True)
+        4 if b * h <= 256 else 2, 256, 4, lane_loads=True)
+
+
+@pytest.mark.parametrize("b, h, n", [(1, 128, 8), (4, 64, 4), (1, 64, 8), (16, 16, 2),
+                                     (1, 16, 2), (8, 64, 8)])
+def test_decode_heads_of_256_lanes_go_four_a_program(compiled, b, h, n):
+    """16-bit D=512 (256 lanes) up to 256 rows: four heads, 4 warps, loads in the stores'
+    layout; above 256 rows two heads; heads of other sizes at the same rows keep their rules
+    (one 256-lane program: one head of 250 lanes, two of 128)."""
+    want = 4 if b * h <= 256 else 2
+    assert tuning.launch("pack", b, h, 256, n) == tuning.Launch(want, 256, 4, lane_loads=True)
+    if b * h <= 256:
+        assert tuning.launch("pack", b, h, 250, n) == tuning.Launch(1, 256, 4, lane_loads=True)
+        assert tuning.launch("pack", b, h, 128, n) == tuning.Launch(2, 128, 4, lane_loads=True)
 
 
 def test_every_problem_gets_a_launch(compiled):
