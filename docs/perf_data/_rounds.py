@@ -56,12 +56,18 @@ def packs(out, lse, send, hpr):
     return {"sf": lambda: sf.pack(out, lse, send), "table": lambda: pack(out, lse, send, hpr)}
 
 
-def pack_under(cfg, out, lse, send, hpr):
-    """A pack with the launch ``cfg`` in place of the table's (``tuning.OVERRIDES``)."""
+def under_launch(kind, cfg, fn):
+    """``fn`` with the launch ``cfg`` in place of the table's for kernel ``kind``
+    (``tuning.OVERRIDES``); the callable returns what ``fn`` does."""
     def run():
-        tuning.OVERRIDES["pack"] = cfg
+        tuning.OVERRIDES[kind] = cfg
         try:
-            pack(out, lse, send, hpr)
+            return fn()
         finally:
             tuning.OVERRIDES.clear()
     return run
+
+
+def pack_under(cfg, out, lse, send, hpr):
+    """A pack with the launch ``cfg`` in place of the table's."""
+    return under_launch("pack", cfg, lambda: pack(out, lse, send, hpr))

@@ -1,8 +1,8 @@
 """Launches around the table's at issue 14's decode target (B=1 H=128 D=512 N=8 bf16: pack +
 unpack <= 3.0 us under graph replay), in interleaved rounds (docs/perf.md, tenth pass).
 
-Part "target", at that shape. Pack: the row kernel at 1, 2 or 4 heads a program x 1-8 warps, vector or lane loads, and the
-slab kernel at 4, 8 or 16 heads x 1-8 warps. Combine: 1 or 2 heads a program x 1-16 warps, the
+Part "target", at that shape. Pack: the row kernel at 1, 2 or 4 heads a program x 1-8 warps,
+vector or lane loads, and the slab kernel at 4, 8 or 16 heads x 1-8 warps. Combine: 1 or 2 heads a program x 1-16 warps, the
 head in one 256-word tile. Every pack variant's wire bytes are checked against the
 straightforward kernel's, every combine's output against the table's, bit for bit, first.
 
@@ -17,7 +17,7 @@ import torch
 from dcp_a2a.kernels import tuning
 from dcp_a2a.ops import unpack_combine
 from dcp_a2a.testing.bench import copy_bandwidth, grid_point, grid_points, timed_rounds
-from _rounds import check_bytes, pack_point, pack_under, packs
+from _rounds import check_bytes, pack_point, pack_under, packs, under_launch
 
 B, H, N, D, DT = 1, 128, 8, 512, "bfloat16"
 rounds = int(sys.argv[3]) if len(sys.argv) > 3 else 7
@@ -55,23 +55,13 @@ for heads in (4, 8, 16):
             tuning.Launch(heads, 256, warps, slab=True), out, lse, send, hpr)
 check_bytes(pack_variants, send, ref, (B, H, N, D, DT))
 recv = send.clone()
-
-
-def combine_under(cfg):
-    def run():
-        tuning.OVERRIDES["combine"] = cfg
-        try:
-            return unpack_combine(recv, D, p, False, True)
-        finally:
-            tuning.OVERRIDES.clear()
-    return run
-
-
-want = unpack_combine(recv, D, p, False, True)
-combine_variants = {"table": lambda: unpack_combine(recv, D, p, False, True)}
+combine = lambda: unpack_combine(recv, D, p, False, True)
+want = combine()
+combine_variants = {"table": combine}
 for heads in (1, 2):
     for warps in (1, 2, 4, 8, 16):
-        combine_variants[f"c{heads}x{warps}"] = combine_under(tuning.Launch(heads, 256, warps))
+        combine_variants[f"c{heads}x{warps}"] = under_launch(
+            "combine", tuning.Launch(heads, 256, warps), combine)
 for name, fn in combine_variants.items():
     assert torch.equal(fn().view(torch.int16), want.view(torch.int16)), name
 
