@@ -2,9 +2,10 @@
 unpack <= 3.0 us under graph replay), in interleaved rounds (docs/perf.md, tenth pass).
 
 Part "target", at that shape. Pack: the row kernel at 1, 2 or 4 heads a program x 1-8 warps,
-vector or lane loads, and the slab kernel at 4, 8 or 16 heads x 1-8 warps. Combine: 1 or 2 heads a program x 1-16 warps, the
-head in one 256-word tile. Every pack variant's wire bytes are checked against the
-straightforward kernel's, every combine's output against the table's, bit for bit, first.
+vector or lane loads, and the slab kernel at 4, 8 or 16 heads x 1-8 warps. Combine: 1 or 2
+heads a program x 1-16 warps, the head in one 256-word tile. Every pack variant's wire bytes
+are checked against the straightforward kernel's, every combine's output against the table's,
+bit for bit, first.
 
 Part "band": the table against the ninth pass's pack rules (``pack_ninth_pass``) at every grid
 point of 16-bit D=512 (256-lane heads) up to 256 rows, where they differ, by
@@ -20,9 +21,9 @@ from dcp_a2a.testing.bench import copy_bandwidth, grid_point, grid_points, timed
 from _rounds import check_bytes, pack_point, pack_under, packs, under_launch
 
 B, H, N, D, DT = 1, 128, 8, 512, "bfloat16"
-rounds = int(sys.argv[3]) if len(sys.argv) > 3 else 7
 
-if sys.argv[2] == "band":
+
+def band(out_json, rounds):
     copy, rows = copy_bandwidth(1 << 30), []
     for pt in grid_points():
         b, h, n, d, dt = pt
@@ -35,47 +36,56 @@ if sys.argv[2] == "band":
               f"{r['pack_straightforward_us']:.3f} | table/ninth {new / old:.3f} "
               f"table/sf {r['pack_ratio']:.3f}", flush=True)
     json.dump(dict(device=torch.cuda.get_device_name(), copy_gbps=copy, rows=rows),
-              open(sys.argv[1], "w"), indent=1)
+              open(out_json, "w"), indent=1)
     q = [r["tables"]["table"]["pack_us"] / r["tables"]["pack_ninth_pass"]["pack_us"] for r in rows]
     print(f"table / ninth: median {statistics.median(q):.3f} min {min(q):.3f} max {max(q):.3f}; "
           f"table / sf worst {max(r['pack_ratio'] for r in rows):.3f}")
-    sys.exit()
-p, hpr, out, lse, send, nbytes, ref = pack_point(B, H, N, D, DT)
 
-pack_variants = packs(out, lse, send, hpr)
-for heads in (1, 2, 4):
-    for warps in (1, 2, 4, 8):
-        for lane in (False, True):
-            cfg = tuning.Launch(heads, 256, warps, lane_loads=lane)
-            pack_variants[f"row{heads}x{warps}" + "_lane" * lane] = pack_under(
-                cfg, out, lse, send, hpr)
-for heads in (4, 8, 16):
-    for warps in (1, 2, 4, 8):
-        pack_variants[f"slab{heads}x{warps}"] = pack_under(
-            tuning.Launch(heads, 256, warps, slab=True), out, lse, send, hpr)
-check_bytes(pack_variants, send, ref, (B, H, N, D, DT))
-recv = send.clone()
-combine = lambda: unpack_combine(recv, D, p, False, True)
-want = combine()
-combine_variants = {"table": combine}
-for heads in (1, 2):
-    for warps in (1, 2, 4, 8, 16):
-        combine_variants[f"c{heads}x{warps}"] = under_launch(
-            "combine", tuning.Launch(heads, 256, warps), combine)
-for name, fn in combine_variants.items():
-    assert torch.equal(fn().view(torch.int16), want.view(torch.int16)), name
 
-res = dict(device=torch.cuda.get_device_name(), shape=[B, H, D, N, DT], rounds_asked=rounds)
-for part, variants in (("pack", pack_variants), ("combine", combine_variants)):
-    med, times, _ = timed_rounds(variants, nbytes, rounds)
-    res[part] = dict(median_us=med, rounds=times)
-    base = med["table"]
-    for name in sorted(med, key=med.get)[:8]:
-        print(f"{part} {name}: {med[name]:.3f} us ({med[name] / base:.3f} x table) "
-              f"[{min(times[name]):.3f}-{max(times[name]):.3f}]")
-    print(f"{part} table {base:.3f}" + (f", sf {med['sf']:.3f}" if "sf" in med else ""))
-json.dump(res, open(sys.argv[1], "w"), indent=1)
-best = {k: min(v for n, v in res[k]["median_us"].items() if n != "sf") for k in ("pack", "combine")}
-print(f"best pack + best combine {best['pack'] + best['combine']:.3f} us; table "
-      f"{res['pack']['median_us']['table'] + res['combine']['median_us']['table']:.3f} us; "
-      f"median spread {statistics.median(max(v) / min(v) for v in res['pack']['rounds'].values()):.3f}")
+def target(out_json, rounds):
+    p, hpr, out, lse, send, nbytes, ref = pack_point(B, H, N, D, DT)
+
+    pack_variants = packs(out, lse, send, hpr)
+    for heads in (1, 2, 4):
+        for warps in (1, 2, 4, 8):
+            for lane in (False, True):
+                cfg = tuning.Launch(heads, 256, warps, lane_loads=lane)
+                pack_variants[f"row{heads}x{warps}" + "_lane" * lane] = pack_under(
+                    cfg, out, lse, send, hpr)
+    for heads in (4, 8, 16):
+        for warps in (1, 2, 4, 8):
+            pack_variants[f"slab{heads}x{warps}"] = pack_under(
+                tuning.Launch(heads, 256, warps, slab=True), out, lse, send, hpr)
+    check_bytes(pack_variants, send, ref, (B, H, N, D, DT))
+    recv = send.clone()
+    combine = lambda: unpack_combine(recv, D, p, False, True)
+    want = combine()
+    combine_variants = {"table": combine}
+    for heads in (1, 2):
+        for warps in (1, 2, 4, 8, 16):
+            combine_variants[f"c{heads}x{warps}"] = under_launch(
+                "combine", tuning.Launch(heads, 256, warps), combine)
+    for name, fn in combine_variants.items():
+        assert torch.equal(fn().view(torch.int16), want.view(torch.int16)), name
+
+    res = dict(device=torch.cuda.get_device_name(), shape=[B, H, D, N, DT], rounds_asked=rounds)
+    for part, variants in (("pack", pack_variants), ("combine", combine_variants)):
+        med, times, _ = timed_rounds(variants, nbytes, rounds)
+        res[part] = dict(median_us=med, rounds=times)
+        base = med["table"]
+        for name in sorted(med, key=med.get)[:8]:
+            print(f"{part} {name}: {med[name]:.3f} us ({med[name] / base:.3f} x table) "
+                  f"[{min(times[name]):.3f}-{max(times[name]):.3f}]")
+        print(f"{part} table {base:.3f}" + (f", sf {med['sf']:.3f}" if "sf" in med else ""))
+    json.dump(res, open(out_json, "w"), indent=1)
+    best = {k: min(v for n, v in res[k]["median_us"].items() if n != "sf")
+            for k in ("pack", "combine")}
+    spread = statistics.median(max(v) / min(v) for v in res["pack"]["rounds"].values())
+    print(f"best pack + best combine {best['pack'] + best['combine']:.3f} us; table "
+          f"{res['pack']['median_us']['table'] + res['combine']['median_us']['table']:.3f} us; "
+          f"median spread {spread:.3f}")
+
+
+if __name__ == "__main__":
+    {"band": band, "target": target}[sys.argv[2]](
+        sys.argv[1], int(sys.argv[3]) if len(sys.argv) > 3 else 7)
