@@ -1,7 +1,8 @@
 """Benchmark of the local work of each path on one GPU (the exchange skipped).
 
     python -m dcp_a2a.testing.bench [--out bench.json] [--quick] [--sweep]
-    python -m dcp_a2a.testing.bench --grid [--quick] [--tables table,...] [--rounds 3] [--out f.json]
+    python -m dcp_a2a.testing.bench --grid [--quick] [--tables table,...] [--rounds 3]
+        [--settle-rounds 9] [--target 0.95] [--out f.json]
     torchrun --nproc-per-node N -m dcp_a2a.testing.bench --collective [--shapes BxH,...] [--out f.json]
 
 Per shape: pack, unpack-combine, packed total (pack + unpack), two_collective local work (output
@@ -14,7 +15,11 @@ Small shapes are timed as CUDA-graph replays of many back-to-back calls; large o
 straightforward design (dcp_a2a.testing.straightforward) at every point of the decode grid and
 reports the ratio; at each point the straightforward kernel, a same-bytes copy and each table's
 kernel run in ``--rounds`` interleaved rounds, medians reported (at the launch floor one timing
-moves by more than the 5 % a verdict there needs).
+moves by more than the 5 % a verdict there needs). Each table's kernel then gets a verdict
+against ``--target`` x the straightforward kernel's time: "met", "missed" or "undecided", from
+a 95 % confidence interval of its time over the straightforward kernel's, round by round (see
+``ratio_verdict``); an op whose verdict is undecided is timed again, up to ``--settle-rounds``
+rounds in all, and decided on every round it has.
 
 ``--collective`` (under torchrun, one rank per GPU, NCCL) times the real exchange end to end:
 ``lse_reduce`` with each backend (packed, two_collective, ag_rs, and symm_mem on NCCL groups of
@@ -123,6 +128,60 @@ def timed_rounds(variants: dict, nbytes: int, rounds: int = 3, timer=None):
             us, method = timer(fn, nbytes)
             times[name].append(us)
     return {k: statistics.median(v) for k, v in times.items()}, times, method
+
+
+# Issue "kernels ahead of vLLM's": every grid point at most this times the straightforward time.
+TARGET_RATIO = 0.95
+
+
+def ratio_verdict(ours, base, target=TARGET_RATIO, confidence=0.95):
+    """Is ``ours`` at most ``target`` x ``base``? ``ours`` and ``base`` are per-round times of
+    the same interleaved rounds, so round i's ratio ``ours[i] / base[i]`` is paired (a drift of
+    the machine during a round reaches both). The ratios' logs get a one-sample t interval
+    (scipy.stats.ttest_1samp) at ``confidence``; exponentiated, (lo, hi) bound the typical
+    ratio. Verdict "met" if hi <= target, "missed" if lo > target, otherwise "undecided". With
+    one round there is no interval: (nan, nan, "undecided")."""
+    import warnings
+
+    import numpy as np
+    from scipy import stats
+
+    if len(ours) != len(base) or not ours:
+        raise ValueError(f"need as many rounds of ours as of base, got {len(ours)} and "
+                         f"{len(base)}")
+    logs = np.log(np.asarray(ours, dtype=float)) - np.log(np.asarray(base, dtype=float))
+    if len(logs) < 2:
+        return float("nan"), float("nan"), "undecided"
+    with warnings.catch_warnings():  # equal ratios every round: a zero-width interval
+        warnings.simplefilter("ignore", RuntimeWarning)
+        lo, hi = np.exp(stats.ttest_1samp(logs, 0.0).confidence_interval(confidence))
+    if np.isnan(lo):  # every round the same ratio: its interval is that ratio
+        lo = hi = float(np.exp(logs[0]))
+    verdict = "met" if hi <= target else "missed" if lo > target else "undecided"
+    return float(lo), float(hi), verdict
+
+
+def timed_verdicts(variants: dict, nbytes: int, judged, rounds: int, settle_rounds: int = 0,
+                   target: float = TARGET_RATIO, timer=None):
+    """``timed_rounds`` of ``variants`` (one of them named "sf", the straightforward kernel),
+    then a ``ratio_verdict`` of each name in ``judged`` against "sf". If any is undecided and
+    ``settle_rounds`` > ``rounds``, every variant gets ``settle_rounds - rounds`` more rounds
+    and the verdicts are taken again on all of them (two looks at the data, no more: a
+    verdict is not fished for). Returns (medians, every round's times, timing method,
+    {name: (lo, hi, verdict)})."""
+    med, times, method = timed_rounds(variants, nbytes, rounds, timer)
+
+    def judge():
+        return {k: ratio_verdict(times[k], times["sf"], target) for k in judged}
+
+    verdicts = judge()
+    if settle_rounds > rounds and any(v[2] == "undecided" for v in verdicts.values()):
+        _, more, method = timed_rounds(variants, nbytes, settle_rounds - rounds, timer)
+        for k in times:
+            times[k] += more[k]
+        med = {k: statistics.median(v) for k, v in times.items()}
+        verdicts = judge()
+    return med, times, method, verdicts
 
 
 def naive_torch(out, lse, send, n, hpr, d):
@@ -238,13 +297,17 @@ def grid_points(quick: bool = False):
                     yield b, h, n, d, dt
 
 
-def grid_point(b, h, n, d, dtype_name, copy_gbps, tables=("table",), rounds=3) -> dict:
+def grid_point(b, h, n, d, dtype_name, copy_gbps, tables=("table",), rounds=3,
+               settle_rounds=0, target=TARGET_RATIO) -> dict:
     """Pack and unpack-combine, ours and the straightforward design's, on one shape; the
     straightforward result is checked against ours, and every table's pack against those
     bytes, before anything is timed. Per op, the straightforward kernel, a device copy of the
-    same bytes and each table's kernel are timed in ``rounds`` interleaved rounds (medians
-    reported; ``{op}_spread``: the largest max / min over rounds of any of them). A kernel
-    whose rules two tables share is timed once."""
+    same bytes and each table's kernel are timed in interleaved rounds (``timed_verdicts``:
+    ``rounds``, up to ``settle_rounds`` where a verdict is undecided; ``{op}_rounds`` says how
+    many, ``{op}_times_us`` holds them all). Medians are reported; ``{op}_spread`` is the
+    largest max / min over rounds of any kernel; ``{op}_ratio_ci`` and ``{op}_verdict`` are
+    ``ratio_verdict``'s against ``target``. A kernel whose rules two tables share is timed
+    once."""
     from . import straightforward as sf
 
     dtype, es, p, hpr, out, lse, send = _inputs(b, h, d, n, dtype_name)
@@ -260,7 +323,8 @@ def grid_point(b, h, n, d, dtype_name, copy_gbps, tables=("table",), rounds=3) -
     wire = n * b * hpr * (d + p) * es
     pack_bytes = b * h * d * es + b * h * 4 + wire
     unpack_bytes = wire + b * hpr * d * es
-    row = {"B": b, "H": h, "N": n, "D": d, "dtype": dtype_name, "rounds": rounds, "tables": {}}
+    row = {"B": b, "H": h, "N": n, "D": d, "dtype": dtype_name, "rounds": rounds,
+           "target": target, "tables": {}}
     ops = (("pack", lambda: pack_send(out, lse, send, n, hpr, d, p),
             lambda: sf.pack(out, lse, send), pack_bytes),
            ("unpack", lambda: unpack_combine(recv, d, p, False, True),
@@ -285,48 +349,74 @@ def grid_point(b, h, n, d, dtype_name, copy_gbps, tables=("table",), rounds=3) -
         # the floor for any kernel moving these bytes: a device copy of as many, timed alike
         src = torch.empty(nbytes // 2, dtype=torch.uint8, device="cuda")
         dst = torch.empty_like(src)
-        variants = {"sf": base, "copy": lambda: dst.copy_(src)}
+        variants = {"sf": base, "copy": lambda src=src, dst=dst: dst.copy_(src)}
         rules_of = {name: tuning.CANDIDATES[name]["pack" if op == "pack" else "combine"]
                     for name in tables}
         timed_as = {}  # rules -> the first table that has them (its kernel is timed)
         for name in tables:
             if timed_as.setdefault(rules_of[name], name) == name:
                 variants["table:" + name] = under(name, ours)
-        med, times, row[f"{op}_timing"] = timed_rounds(variants, nbytes, rounds)
+        judged = [k for k in variants if k.startswith("table:")]
+        med, times, row[f"{op}_timing"], verdicts = timed_verdicts(
+            variants, nbytes, judged, rounds, settle_rounds, target)
         del src, dst, variants
+        row[f"{op}_rounds"], row[f"{op}_times_us"] = len(times["sf"]), times
         row[f"{op}_straightforward_us"], row[f"{op}_copy_us"] = med["sf"], med["copy"]
         row[f"{op}_spread"] = max(max(v) / min(v) for v in times.values())
         for name in reversed(tables):  # the first table last: its rows are the headline numbers
-            us = med["table:" + timed_as[rules_of[name]]]
-            row["tables"].setdefault(name, {})[f"{op}_us"] = us
-            row[f"{op}_us"] = us
+            timed = "table:" + timed_as[rules_of[name]]
+            us, (lo, hi, verdict) = med[timed], verdicts[timed]
+            row["tables"].setdefault(name, {}).update(
+                {f"{op}_us": us, f"{op}_ratio_ci": [lo, hi], f"{op}_verdict": verdict})
+            row[f"{op}_us"], row[f"{op}_ratio_ci"], row[f"{op}_verdict"] = us, [lo, hi], verdict
             row[f"{op}_ratio"] = us / row[f"{op}_straightforward_us"]
             row[f"{op}_pct_copy"] = 100 * nbytes / (us * 1e-6) / 1e9 / copy_gbps
     return row
 
 
+_MARK = {"met": "ok", "undecided": "?", "missed": "MISS"}
+
+
 def grid_table(rows: list[dict]) -> str:
-    # "copy us": a device copy of the same bytes (the floor for any kernel that moves them)
+    # "copy us": a device copy of the same bytes (the floor for any kernel that moves them);
+    # "v": the verdict against the target (ok, ? undecided, MISS)
     head = (f"{'B':>5} {'H':>4} {'N':>2} {'D':>4} {'dtype':<8} | {'pack us':>8} {'sf us':>8} "
-            f"{'copy us':>8} {'ratio':>6} {'%copy':>6} | {'unpack us':>9} {'sf us':>8} "
-            f"{'copy us':>8} {'ratio':>6} {'%copy':>6}")
+            f"{'copy us':>8} {'ratio':>6} {'v':>4} {'%copy':>6} | {'unpack us':>9} {'sf us':>8} "
+            f"{'copy us':>8} {'ratio':>6} {'v':>4} {'%copy':>6}")
     lines = [head, "-" * len(head)]
     for r in rows:
         lines.append(
             f"{r['B']:>5} {r['H']:>4} {r['N']:>2} {r['D']:>4} {r['dtype']:<8} | "
             f"{r['pack_us']:>8.2f} {r['pack_straightforward_us']:>8.2f} "
-            f"{r.get('pack_copy_us', float('nan')):>8.2f} {r['pack_ratio']:>6.3f} "
-            f"{r['pack_pct_copy']:>6.1f} | {r['unpack_us']:>9.2f} "
+            f"{r['pack_copy_us']:>8.2f} {r['pack_ratio']:>6.3f} "
+            f"{_MARK[r['pack_verdict']]:>4} {r['pack_pct_copy']:>6.1f} | {r['unpack_us']:>9.2f} "
             f"{r['unpack_straightforward_us']:>8.2f} "
-            f"{r.get('unpack_copy_us', float('nan')):>8.2f} {r['unpack_ratio']:>6.3f} "
-            f"{r['unpack_pct_copy']:>6.1f}")
+            f"{r['unpack_copy_us']:>8.2f} {r['unpack_ratio']:>6.3f} "
+            f"{_MARK[r['unpack_verdict']]:>4} {r['unpack_pct_copy']:>6.1f}")
     worst = max(rows, key=lambda r: max(r["pack_ratio"], r["unpack_ratio"]))
     lines.append(f"worst ratio (ours / straightforward): pack {max(r['pack_ratio'] for r in rows):.3f}"
                  f", unpack {max(r['unpack_ratio'] for r in rows):.3f} (at B={worst['B']} "
                  f"H={worst['H']} N={worst['N']} D={worst['D']} {worst['dtype']})")
     spreads = sorted(r[f"{op}_spread"] for r in rows for op in ("pack", "unpack"))
-    lines.append(f"medians of {rows[0]['rounds']} interleaved rounds; a kernel's max / min over "
-                 f"them: median {spreads[len(spreads) // 2]:.3f}, worst {spreads[-1]:.3f}")
+    timed = [(r[f"{op}_rounds"], r["rounds"]) for r in rows for op in ("pack", "unpack")]
+    settled = sum(got > asked for got, asked in timed)
+    lines.append(f"medians of {rows[0]['rounds']} interleaved rounds ({settled} ops, undecided "
+                 f"after them, timed again: up to {max(timed)[0]} rounds); a kernel's max / min "
+                 f"over them: median {spreads[len(spreads) // 2]:.3f}, worst {spreads[-1]:.3f}")
+    counts = {op: {v: sum(r[f"{op}_verdict"] == v for r in rows) for v in _MARK}
+              for op in ("pack", "unpack")}
+    lines.append(f"verdicts at {rows[0]['target']} x straightforward (95 % interval of the "
+                 f"per-round ratio): " + "; ".join(
+                     f"{op} " + ", ".join(f"{c[v]} {v}" for v in _MARK)
+                     for op, c in counts.items()))
+    lines.append("not met (verdict, op, point: ratio of medians [interval]):")
+    for r in rows:
+        for op in ("pack", "unpack"):
+            if r[f"{op}_verdict"] != "met":
+                lo, hi = r[f"{op}_ratio_ci"]
+                lines.append(f"  {r[f'{op}_verdict']:>9} {op:<6} B={r['B']} H={r['H']} "
+                             f"N={r['N']} D={r['D']} {r['dtype']}: {r[f'{op}_ratio']:.3f} "
+                             f"[{lo:.3f}, {hi:.3f}] over {r[f'{op}_rounds']} rounds")
     return "\n".join(lines)
 
 
@@ -338,7 +428,8 @@ def grid_main(args) -> int:
     import triton
 
     for point in tqdm(list(grid_points(args.quick)), desc="grid", mininterval=10):
-        rows.append(grid_point(*point, copy_gbps, tables, args.rounds))
+        rows.append(grid_point(*point, copy_gbps, tables, args.rounds, args.settle_rounds,
+                               args.target))
         # rewritten after every point: a run cut short still leaves what it measured
         with open(args.out, "w") as f:
             json.dump({"device": props.name, "torch": torch.__version__,
@@ -483,6 +574,11 @@ def build_parser() -> argparse.ArgumentParser:
                          "(dcp_a2a.kernels.tuning.CANDIDATES; the first is reported)")
     ap.add_argument("--rounds", type=int, default=3,
                     help="with --grid: interleaved timing rounds a point (medians reported)")
+    ap.add_argument("--settle-rounds", type=int, default=9,
+                    help="with --grid: rounds in all for an op whose verdict is undecided after "
+                         "--rounds (no more rounds when not above --rounds)")
+    ap.add_argument("--target", type=float, default=TARGET_RATIO,
+                    help="with --grid: the verdict's bound on ours / straightforward")
     ap.add_argument("--collective", action="store_true",
                     help="under torchrun: time lse_reduce end to end per backend")
     ap.add_argument("--shapes", default=None, help="with --collective: BxH,BxH,... (D=--head-dim)")
@@ -499,6 +595,8 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.rounds < 1:
         parser.error(f"--rounds must be at least 1, got {args.rounds}")
+    if not args.target > 0:
+        parser.error(f"--target must be positive, got {args.target}")
     if args.collective:
         return collective_main(args)
     if args.grid and torch.cuda.is_available():

@@ -1,6 +1,7 @@
 """GPU tier: one point of the benchmark's grid (``python -m dcp_a2a.testing.bench --grid``),
-two tables, two interleaved rounds: every number it reports is there and positive, and a kernel
-that two tables share is timed once."""
+two tables, two interleaved rounds (up to four where a verdict is undecided): every number it
+reports is there and positive, each table has a verdict, and a kernel that two tables share is
+timed once."""
 
 from __future__ import annotations
 
@@ -17,9 +18,16 @@ pytestmark = [
 
 def test_grid_point_times_every_table_in_rounds():
     tables = ("table", "pack_sixth_pass")  # different pack rules, the same combine rules
-    row = bench.grid_point(4, 16, 2, 128, "bfloat16", 4000.0, tables, rounds=2)
+    row = bench.grid_point(4, 16, 2, 128, "bfloat16", 4000.0, tables, rounds=2, settle_rounds=4)
     assert row["rounds"] == 2 and set(row["tables"]) == set(tables)
     for op in ("pack", "unpack"):
+        assert row[f"{op}_rounds"] in (2, 4)
+        assert all(len(v) == row[f"{op}_rounds"] for v in row[f"{op}_times_us"].values())
+        for name in tables:
+            got = row["tables"][name]
+            lo, hi = got[f"{op}_ratio_ci"]
+            assert got[f"{op}_verdict"] in ("met", "undecided", "missed") and 0 < lo <= hi
+        assert row[f"{op}_verdict"] == row["tables"]["table"][f"{op}_verdict"]
         assert row[f"{op}_straightforward_us"] > 0 and row[f"{op}_copy_us"] > 0
         assert row[f"{op}_spread"] >= 1 and row[f"{op}_timing"] == "graph"
         assert row[f"{op}_us"] == row["tables"]["table"][f"{op}_us"] > 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from dcp_a2a.testing.bench import timed_rounds
+from dcp_a2a.testing.bench import grid_table, ratio_verdict, timed_rounds, timed_verdicts
 
 pytestmark = pytest.mark.unit
 
@@ -23,3 +23,89 @@ def test_rounds_interleave_the_variants_and_report_medians():
     assert calls == [("a", 64), ("b", 64)] * 3  # one of each a round, not three of a then b
     assert med == {"a": 3.0, "b": 4.0} and rounds == {"a": [5.0, 1.0, 3.0], "b": [2.0, 9.0, 4.0]}
     assert method == "graph"
+
+
+def _rounds(ratios, base=10.0):
+    """Per-round (ours, straightforward) times whose round-by-round ratios are ``ratios``, with
+    the machine drifting between rounds (the pairing must cancel it)."""
+    drift = [1.0, 1.3, 0.8, 1.1, 0.9, 1.2, 1.0, 0.85, 1.15][: len(ratios)]
+    return [r * base * k for r, k in zip(ratios, drift)], [base * k for k in drift]
+
+
+def test_verdict_is_met_only_when_the_interval_is_below_the_target():
+    ours, sf = _rounds([0.90, 0.91, 0.89])
+    lo, hi, v = ratio_verdict(ours, sf, 0.95)
+    assert v == "met" and lo < 0.90 < hi < 0.95
+    # the same typical ratio, noisier rounds: the interval reaches past 0.95
+    assert ratio_verdict(*_rounds([0.80, 1.00, 0.90]), 0.95)[2] == "undecided"
+    assert ratio_verdict(*_rounds([0.99, 1.01, 1.00]), 0.95)[2] == "missed"
+
+
+def test_verdict_pairs_rounds_so_drift_cancels():
+    # round to round the machine drifts by 1.6x; ours is 0.9x in every round
+    lo, hi, v = ratio_verdict(*_rounds([0.9, 0.9, 0.9]), 0.95)
+    assert v == "met" and lo == pytest.approx(0.9) and hi == pytest.approx(0.9)
+    # a hair either side of the target, in every round
+    assert ratio_verdict(*_rounds([0.949] * 3), 0.95)[2] == "met"
+    assert ratio_verdict(*_rounds([0.951] * 3), 0.95)[2] == "missed"
+
+
+def test_verdict_on_one_round_is_undecided_and_bad_rounds_are_refused():
+    lo, hi, v = ratio_verdict([1.0], [2.0], 0.95)
+    assert v == "undecided" and lo != lo and hi != hi  # nan: no interval from one round
+    with pytest.raises(ValueError, match="as many rounds"):
+        ratio_verdict([1.0, 2.0], [1.0], 0.95)
+    with pytest.raises(ValueError, match="as many rounds"):
+        ratio_verdict([], [], 0.95)
+
+
+def _timer_of(ratios):
+    """A fake timer: "sf" takes 10 us, "ours" ratios[i] x 10 in its i-th call."""
+    seen = {"sf": 0, "ours": 0}
+
+    def timer(fn, nbytes):
+        name = fn()
+        i, seen[name] = seen[name], seen[name] + 1
+        return (10.0 if name == "sf" else 10.0 * ratios[i]), "graph"
+    return timer, seen
+
+
+def test_undecided_ops_are_timed_again_up_to_settle_rounds():
+    variants = {"sf": lambda: "sf", "ours": lambda: "ours"}
+    # three rounds straddle 0.95; six more at 0.90 settle it
+    timer, seen = _timer_of([0.85, 1.00, 0.92] + [0.90] * 6)
+    med, times, _, verdicts = timed_verdicts(variants, 64, ["ours"], 3, 9, 0.95, timer)
+    assert seen == {"sf": 9, "ours": 9} and len(times["ours"]) == len(times["sf"]) == 9
+    assert verdicts["ours"][2] == "met" and med["ours"] == pytest.approx(9.0)
+    # decided after three: no more rounds
+    timer, seen = _timer_of([0.90, 0.91, 0.89])
+    _, times, _, verdicts = timed_verdicts(variants, 64, ["ours"], 3, 9, 0.95, timer)
+    assert seen == {"sf": 3, "ours": 3} and verdicts["ours"][2] == "met"
+    # still undecided after nine: reported so, never a tenth round
+    timer, seen = _timer_of([0.85, 1.05] * 5)
+    _, _, _, verdicts = timed_verdicts(variants, 64, ["ours"], 3, 9, 0.95, timer)
+    assert seen["ours"] == 9 and verdicts["ours"][2] == "undecided"
+    # settle_rounds not above rounds: one look only
+    timer, seen = _timer_of([0.85, 1.00, 0.92])
+    _, _, _, verdicts = timed_verdicts(variants, 64, ["ours"], 3, 0, 0.95, timer)
+    assert seen["ours"] == 3 and verdicts["ours"][2] == "undecided"
+
+
+def test_grid_table_reports_each_verdict_and_lists_what_is_not_met():
+    def row(b, verdict, ci, rounds):
+        r = {"B": b, "H": 64, "N": 4, "D": 512, "dtype": "float32", "rounds": 3, "target": 0.95}
+        for op in ("pack", "unpack"):
+            r.update({f"{op}_us": 9.0, f"{op}_straightforward_us": 10.0, f"{op}_copy_us": 8.0,
+                      f"{op}_ratio": 0.9, f"{op}_pct_copy": 80.0, f"{op}_spread": 1.02,
+                      f"{op}_verdict": "met", f"{op}_ratio_ci": [0.88, 0.92], f"{op}_rounds": 3})
+        r.update({"pack_verdict": verdict, "pack_ratio_ci": ci, "pack_rounds": rounds})
+        return r
+
+    text = grid_table([row(1, "met", [0.88, 0.92], 3), row(4, "undecided", [0.93, 0.97], 9),
+                       row(16, "missed", [0.96, 0.99], 9)])
+    assert "pack 1 met, 1 undecided, 1 missed; unpack 3 met, 0 undecided, 0 missed" in text
+    assert "(2 ops, undecided after them, timed again: up to 9 rounds)" in text
+    listed = [line.split() for line in text.split("\nnot met (")[1].splitlines()[1:]]
+    assert [(w[0], w[1], w[2]) for w in listed] == [("undecided", "pack", "B=4"),
+                                                   ("missed", "pack", "B=16")]
+    assert "[0.930, 0.970] over 9 rounds" in text
