@@ -149,12 +149,21 @@ TABLE: dict[str, tuple[Rule, ...]] = {
     # lane loads: B=1 H=128 N=8 bf16 1.29 against 1.40 us for one head a program, the best of
     # 36 launches there; over the 20 such grid points a median 0.975 of one head's time,
     # 0.93-0.97 from 128 rows, 0.98-1.02 at 64 rows or fewer)
+    # (eleventh pass, sweeps of 46 launches: 128-lane heads (fp32 D=128) from 64 to 1024 rows
+    # four heads and 2 warps a program, lane loads: 0.92-0.98 of the table's time at all 11
+    # such grid points, where two or four heads at 4 warps had been; at 64 rows or fewer a tie.
+    # 512-lane heads from 2k to 4k rows two heads and one warp a program, lane loads: 0.96-0.99
+    # of one head's time with vector loads at all 5 such points)
     "pack": (Rule(1024, 1024, 1024, 4, lane_loads=True, min_head_lanes=512, max_head_lanes=512),
              Rule(256, 1024, 1024, 4, lane_loads=True, min_head_lanes=256, max_head_lanes=256),
+             Rule(1024, 1024, 512, 2, lane_loads=True, min_rows=64, min_head_lanes=128,
+                  max_head_lanes=128),
              Rule(256, 1024, 256, 4, lane_loads=True),
              Rule(1024, 1024, 512, 4, lane_loads=True, max_head_lanes=256),
              Rule(1024, 1024, 512, 4),
              Rule(2048, 1024, 1024, 2, min_head_lanes=512, max_head_lanes=512),
+             Rule(4096, 1024, 1024, 1, lane_loads=True, min_rows=2048, min_head_lanes=512,
+                  max_head_lanes=512),
              Rule(8192, 1024, 2048, 2, slab=True, slab_warps=((0, 0, 2),), min_rows=4096,
                   min_head_lanes=512, max_head_lanes=512),
              Rule(_ANY, 1024, 512, 1, head_major=True, min_rows=8192, min_head_lanes=512,
@@ -182,9 +191,12 @@ INTERPRETER = {"pack": Rule(_ANY, 1024, 4096, 4),
                "combine": Rule(_ANY, 512, 4096, 4, span_tokens=True),
                "scale": Rule(_ANY, 512, 4096, 4, span_tokens=True)}
 
-# The pack rules as the ninth pass left them (docs/perf.md): one head a program for heads of
-# 256 lanes up to 256 rows.
-_PACK_NINTH = TABLE["pack"][:1] + TABLE["pack"][2:]
+# The pack rules as the tenth pass left them (docs/perf.md): two or four heads and 4 warps a
+# program for heads of 128 lanes up to 1024 rows; one head and one warp, vector loads, for
+# heads of 512 lanes from 2k to 4k rows.
+_PACK_TENTH = TABLE["pack"][:2] + TABLE["pack"][3:7] + TABLE["pack"][8:]
+# ... and as the ninth pass did: one head a program for heads of 256 lanes up to 256 rows.
+_PACK_NINTH = _PACK_TENTH[:1] + _PACK_TENTH[2:]
 # ... and as the eighth pass did: one head and one warp a program for heads of 512 lanes from
 # 1k to 2k rows.
 _PACK_EIGHTH = _PACK_NINTH[:4] + _PACK_NINTH[5:]
@@ -247,6 +259,7 @@ CANDIDATES: dict[str, dict[str, tuple[Rule, ...]]] = {
     "pack_seventh_pass": {**TABLE, "pack": _PACK_SEVENTH},
     "pack_eighth_pass": {**TABLE, "pack": _PACK_EIGHTH},
     "pack_ninth_pass": {**TABLE, "pack": _PACK_NINTH},
+    "pack_tenth_pass": {**TABLE, "pack": _PACK_TENTH},
     # the pack rules of the third pass (one head a program and 2 warps up to 1024 rows, 4096
     # lanes and 8 warps above)
     "pack_third_pass": {**TABLE, "pack": (Rule(1024, 1024, 1, 2), Rule(32768, 1024, 4096, 8),

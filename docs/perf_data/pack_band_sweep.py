@@ -1,17 +1,28 @@
-"""The pack's row kernel at 1, 2, 4 or 8 heads a program x 1, 2, 4 or 8 warps, vector or lane
-loads, and its slab kernel at 4, 8 or 16 heads x 1, 2, 4 or 8 warps (the row kernel where the
-slab kernel does not fit), next to the table and the straightforward kernel, at every grid point of one dtype and
-head dim with rows (B x H) in (MIN_ROWS, MAX_ROWS]; interleaved rounds, every variant's wire
-bytes checked against the straightforward kernel's first (docs/perf.md, eleventh pass).
+"""Pack launches over one dtype and head dim at every point (B, H, N) of the grid's B x (H, N)
+with rows (B x H) in (MIN_ROWS, MAX_ROWS] (docs/perf.md, eleventh pass). The head dim need not
+be one of the grid's (16-bit D=256 heads are as many lanes as fp32 D=128's).
 
-    python docs/perf_data/pack_band_sweep.py OUT.json DTYPE D MIN_ROWS MAX_ROWS [ROUNDS]
-        (on a GPU; PYTHONPATH=.)
+Part "sweep": the row kernel at 1, 2, 4 or 8 heads a program x 1, 2, 4 or 8 warps, vector or
+lane loads, and the slab kernel at 4, 8 or 16 heads x 1, 2, 4 or 8 warps (the row kernel where
+the slab kernel does not fit), next to the table and the straightforward kernel; interleaved
+rounds, every variant's wire bytes checked against the straightforward kernel's first.
+
+Part "check": the table against the tenth pass's pack rules (``pack_tenth_pass``) by
+``bench.grid_point`` (bytes checked; the straightforward kernel and a copy timed alike; each
+table's verdict against 0.95 x the straightforward kernel, undecided ones timed up to 9 rounds).
+
+    python docs/perf_data/pack_band_sweep.py OUT.json sweep|check DTYPE D MIN_ROWS MAX_ROWS
+        [ROUNDS]   (on a GPU; PYTHONPATH=.)
 """
 import json, statistics, sys
 import torch
 from dcp_a2a.kernels import tuning
-from dcp_a2a.testing.bench import grid_points, timed_rounds
+from dcp_a2a.testing.bench import GRID_B, GRID_HN, copy_bandwidth, grid_point, timed_rounds
 from _rounds import check_bytes, pack_point, pack_under, packs
+
+
+def band_points(dt, d, lo, hi):
+    return [(b, h, n, d, dt) for h, n in GRID_HN for b in GRID_B if lo < b * h <= hi]
 
 
 def variants_at(out, lse, send, hpr):
@@ -28,8 +39,7 @@ def variants_at(out, lse, send, hpr):
     return v
 
 
-def main(out_json, dt, d, lo, hi, rounds):
-    pts = [p for p in grid_points() if p[4] == dt and p[3] == d and lo < p[0] * p[1] <= hi]
+def sweep(out_json, pts, rounds):
     rows = []
     for pt in pts:
         p, hpr, out, lse, send, nbytes, ref = pack_point(*pt)
@@ -41,8 +51,8 @@ def main(out_json, dt, d, lo, hi, rounds):
         print(f"{pt}: sf {med['sf']:.3f} table {med['table']:.3f} "
               f"({med['table'] / med['sf']:.3f}) best {best} {med[best]:.3f} "
               f"({med[best] / med['sf']:.3f})", flush=True)
-    json.dump(dict(device=torch.cuda.get_device_name(), dtype=dt, D=d, rows_band=[lo, hi],
-                   rounds_asked=rounds, points=rows), open(out_json, "w"), indent=1)
+    json.dump(dict(device=torch.cuda.get_device_name(), rounds_asked=rounds, points=rows),
+              open(out_json, "w"), indent=1)
     names = [k for k in rows[0]["median_us"] if k != "sf"]
     ratio = {k: [r["median_us"][k] / r["median_us"]["sf"] for r in rows] for k in names}
     for k in sorted(names, key=lambda k: statistics.median(ratio[k]))[:10] + ["table"]:
@@ -50,6 +60,27 @@ def main(out_json, dt, d, lo, hi, rounds):
               f"(x sf over {len(rows)} points)")
 
 
+def check(out_json, pts, rounds):
+    copy, rows = copy_bandwidth(1 << 30), []
+    for pt in pts:
+        r = grid_point(*pt, copy, tables=("table", "pack_tenth_pass"), rounds=rounds,
+                       settle_rounds=9)
+        rows.append(r)
+        new, old = (r["tables"][t] for t in ("table", "pack_tenth_pass"))
+        print(f"{pt}: table {new['pack_us']:.3f} ({new['pack_verdict']}) tenth "
+              f"{old['pack_us']:.3f} ({old['pack_verdict']}) sf "
+              f"{r['pack_straightforward_us']:.3f} | table/tenth "
+              f"{new['pack_us'] / old['pack_us']:.3f} table/sf {r['pack_ratio']:.3f} "
+              f"[{r['pack_ratio_ci'][0]:.3f}, {r['pack_ratio_ci'][1]:.3f}]", flush=True)
+    json.dump(dict(device=torch.cuda.get_device_name(), copy_gbps=copy, rows=rows),
+              open(out_json, "w"), indent=1)
+    q = [r["tables"]["table"]["pack_us"] / r["tables"]["pack_tenth_pass"]["pack_us"]
+         for r in rows]
+    print(f"table / tenth: median {statistics.median(q):.3f} min {min(q):.3f} max "
+          f"{max(q):.3f}; table / sf worst {max(r['pack_ratio'] for r in rows):.3f}")
+
+
 if __name__ == "__main__":
     a = sys.argv
-    main(a[1], a[2], int(a[3]), int(a[4]), int(a[5]), int(a[6]) if len(a) > 6 else 5)
+    pts = band_points(a[3], int(a[4]), int(a[5]), int(a[6]))
+    {"sweep": sweep, "check": check}[a[2]](a[1], pts, int(a[7]) if len(a) > 7 else 5)

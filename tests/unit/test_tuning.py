@@ -91,7 +91,7 @@ def test_large_pack_takes_the_slab_kernel_where_it_fits(compiled, h, n, words, h
                                      (8192, 16, 2)])
 def test_heads_of_512_lanes_take_their_own_rules(compiled, b, h, n):
     """fp32 D=512 (512-lane heads) from 1k to 2k rows: the row kernel, two heads and two warps
-    a program, vector loads, token-major; to 4k rows a head and a warp a program; from 4k to
+    a program, vector loads, token-major; to 4k rows two heads and a warp, lane loads; from 4k to
     8k rows the slab kernel, 4 heads and 2 warps, where it fits; above, the row kernel on a
     head-major grid, also where the slab kernel fits. Heads of other sizes at the same rows
     keep the rules they had."""
@@ -102,7 +102,8 @@ def test_heads_of_512_lanes_take_their_own_rules(compiled, b, h, n):
         assert row_shape == (2, 512, 2, False) and not row.lane_loads and not row.head_major
         assert fits == row
     elif rows <= 4096:
-        assert row_shape == (1, 512, 1, False) and not row.head_major and fits == row
+        assert row_shape == (2, 512, 1, False) and row.lane_loads and not row.head_major
+        assert fits == row
     elif rows <= 8192:
         assert (fits.block_h, fits.num_warps, fits.slab, fits.head_major) == (4, 2, True, False)
         assert row_shape == (1, 512, 1, False) and not row.head_major
@@ -128,12 +129,31 @@ def test_decode_heads_of_512_lanes_go_two_a_program(compiled, b, h, n):
 def test_decode_heads_of_256_lanes_go_four_a_program(compiled, b, h, n):
     """16-bit D=512 (256 lanes) up to 256 rows: four heads, 4 warps, loads in the stores'
     layout; above 256 rows two heads; heads of other sizes at the same rows keep their rules
-    (one 256-lane program: one head of 250 lanes, two of 128)."""
+    (one 256-lane program: one head of 250 lanes, four of 64)."""
     want = 4 if b * h <= 256 else 2
     assert tuning.launch("pack", b, h, 256, n) == tuning.Launch(want, 256, 4, lane_loads=True)
     if b * h <= 256:
         assert tuning.launch("pack", b, h, 250, n) == tuning.Launch(1, 256, 4, lane_loads=True)
-        assert tuning.launch("pack", b, h, 128, n) == tuning.Launch(2, 128, 4, lane_loads=True)
+        assert tuning.launch("pack", b, h, 64, n) == tuning.Launch(4, 64, 4, lane_loads=True)
+
+
+@pytest.mark.parametrize("b, h, n", [(1, 16, 2), (1, 64, 4), (4, 16, 2), (1, 128, 8),
+                                     (4, 64, 8), (16, 16, 2), (16, 64, 4), (64, 16, 2),
+                                     (128, 16, 2), (16, 128, 8)])
+def test_decode_heads_of_128_lanes_go_four_a_program(compiled, b, h, n):
+    """fp32 D=128 (128 lanes) from 64 to 1024 rows: four heads, 2 warps, loads in the stores'
+    layout; up to 64 rows two heads and 4 warps; above 1024 rows the rules of every size (four
+    heads, one warp, vector loads); heads of 120 or 250 lanes keep their rules."""
+    rows, cfg = b * h, tuning.launch("pack", b, h, 128, n)
+    if rows <= 64:
+        assert cfg == tuning.Launch(2, 128, 4, lane_loads=True)
+    elif rows <= 1024:
+        assert cfg == tuning.Launch(4, 128, 2, lane_loads=True)
+    else:
+        assert cfg == tuning.Launch(4, 128, 1)
+    if 64 < rows <= 1024:
+        assert tuning.launch("pack", b, h, 120, n).num_warps == 4
+        assert tuning.launch("pack", b, h, 250, n).num_warps == 4
 
 
 def test_every_problem_gets_a_launch(compiled):
@@ -181,12 +201,14 @@ def test_slab_heads_divide_a_peers_heads(per_peer):
     (16, 64, 4, 256, True),    # 1024 rows of 256-lane heads
     (1, 128, 8, 512, True),    # D=512 fp32 (two heads a program) up to 1024 rows
     (16, 64, 4, 512, True),
-    (32, 64, 4, 512, False),   # ... and above: vector loads
+    (32, 64, 4, 512, False),   # ... and above: vector loads, but from 2k to 4k rows
+    (64, 64, 4, 512, True),
     (64, 64, 4, 64, False),    # above 1024 rows
     (8192, 64, 4, 256, False),
 ])
 def test_decode_packs_load_in_the_stores_layout(compiled, b, h, n, lanes, lane_loads):
-    """Up to 1024 rows the pack's loads are single lanes in the layout of its stores."""
+    """Up to 1024 rows the pack's loads are single lanes in the layout of its stores (and for
+    512-lane heads from 2k to 4k rows)."""
     assert tuning.launch("pack", b, h, lanes, n).lane_loads == lane_loads
     every = tuning.every_launch("pack", b, h, lanes, n)
     assert {c.lane_loads for c in every} == {True, False}  # the tests run both
