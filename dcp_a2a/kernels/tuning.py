@@ -149,11 +149,13 @@ TABLE: dict[str, tuple[Rule, ...]] = {
     # lane loads: B=1 H=128 N=8 bf16 1.29 against 1.40 us for one head a program, the best of
     # 36 launches there; over the 20 such grid points a median 0.975 of one head's time,
     # 0.93-0.97 from 128 rows, 0.98-1.02 at 64 rows or fewer)
-    # (eleventh pass, sweeps of 46 launches: 128-lane heads (fp32 D=128) from 64 to 1024 rows
-    # four heads and 2 warps a program, lane loads: 0.92-0.98 of the table's time at all 11
-    # such grid points, where two or four heads at 4 warps had been; at 64 rows or fewer a tie.
-    # 512-lane heads from 2k to 4k rows two heads and one warp a program, lane loads: 0.96-0.99
-    # of one head's time with vector loads at all 5 such points)
+    # (eleventh pass, sweeps of 46 launches: 128-lane heads (fp32 D=128, 16-bit D=256) from 64
+    # to 1024 rows four heads and 2 warps a program, lane loads, where two or four heads at 4
+    # warps had been: in a second run a median 0.962 of their time at the 12 fp32 grid points
+    # (0.914-0.989), 0.964 at 12 bf16 D=256 points (0.916-0.999); at 64 rows or fewer a tie.
+    # 512-lane heads from 2k to 4k rows two heads and one warp a program, lane loads: 0.966-0.985
+    # of one head and a warp with vector loads at all 5 such points; 0.973-1.011 (median 0.982)
+    # in the second run)
     "pack": (Rule(1024, 1024, 1024, 4, lane_loads=True, min_head_lanes=512, max_head_lanes=512),
              Rule(256, 1024, 1024, 4, lane_loads=True, min_head_lanes=256, max_head_lanes=256),
              Rule(1024, 1024, 512, 2, lane_loads=True, min_rows=64, min_head_lanes=128,
