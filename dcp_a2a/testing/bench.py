@@ -138,8 +138,8 @@ def ratio_verdict(ours, base, target=TARGET_RATIO, confidence=0.95):
     """Is ``ours`` at most ``target`` x ``base``? ``ours`` and ``base`` are per-round times of
     the same interleaved rounds, so round i's ratio ``ours[i] / base[i]`` is paired (a drift of
     the machine during a round reaches both). The ratios' logs get a one-sample t interval
-    (scipy.stats.ttest_1samp) at ``confidence``; exponentiated, (lo, hi) bound the typical
-    ratio. Verdict "met" if hi <= target, "missed" if lo > target, otherwise "undecided". With
+    (scipy.stats.ttest_1samp) at ``confidence``; exponentiated, (lo, hi) bound the ratios'
+    geometric mean. Verdict "met" if hi <= target, "missed" if lo > target, otherwise "undecided". With
     one round there is no interval: (nan, nan, "undecided")."""
     import warnings
 
@@ -167,7 +167,8 @@ def timed_verdicts(variants: dict, nbytes: int, judged, rounds: int, settle_roun
     then a ``ratio_verdict`` of each name in ``judged`` against "sf". If any is undecided and
     ``settle_rounds`` > ``rounds``, every variant gets ``settle_rounds - rounds`` more rounds
     and the verdicts are taken again on all of them (two looks at the data, no more: a
-    verdict is not fished for). Returns (medians, every round's times, timing method,
+    verdict is not fished for; by Bonferroni the two looks at most double a wrong verdict's
+    chance, 2.5 % a side at 95 %). Returns (medians, every round's times, timing method,
     {name: (lo, hi, verdict)})."""
     med, times, method = timed_rounds(variants, nbytes, rounds, timer)
 
