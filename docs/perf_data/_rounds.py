@@ -1,12 +1,12 @@
 """What the perf scripts here share besides the bench's timers: one grid point's pack inputs
 and reference bytes, and a check of every variant's wire bytes before timing them
 (``dcp_a2a.testing.bench.timed_rounds`` then times them in interleaved rounds)."""
-import time
+import json, statistics, time
 import torch
 from dcp_a2a.kernels import tuning
 from dcp_a2a.kernels.pack import pack
 from dcp_a2a.testing import straightforward as sf
-from dcp_a2a.testing.bench import _inputs, grid_points
+from dcp_a2a.testing.bench import _inputs, copy_bandwidth, grid_point, grid_points
 
 
 def pack_point(b, h, n, d, dt):
@@ -71,3 +71,26 @@ def under_launch(kind, cfg, fn):
 def pack_under(cfg, out, lse, send, hpr):
     """A pack with the launch ``cfg`` in place of the table's."""
     return under_launch("pack", cfg, lambda: pack(out, lse, send, hpr))
+
+
+def check_tables(out_json, pts, old, rounds, settle_rounds=0):
+    """The table against the candidate table ``old`` (``tuning.CANDIDATES``) at ``pts`` by
+    ``bench.grid_point`` (bytes checked; the straightforward kernel and a copy timed alike;
+    each table's verdict); a line a point, the rows to ``out_json``, and the table's time over
+    ``old``'s: median and range."""
+    copy, rows = copy_bandwidth(1 << 30), []
+    for pt in pts:
+        r = grid_point(*pt, copy, tables=("table", old), rounds=rounds,
+                       settle_rounds=settle_rounds)
+        rows.append(r)
+        new, was = (r["tables"][t] for t in ("table", old))
+        print(f"{pt}: table {new['pack_us']:.3f} ({new['pack_verdict']}) {old} "
+              f"{was['pack_us']:.3f} ({was['pack_verdict']}) sf "
+              f"{r['pack_straightforward_us']:.3f} | table/{old} "
+              f"{new['pack_us'] / was['pack_us']:.3f} table/sf {r['pack_ratio']:.3f} "
+              f"[{r['pack_ratio_ci'][0]:.3f}, {r['pack_ratio_ci'][1]:.3f}]", flush=True)
+    json.dump(dict(device=torch.cuda.get_device_name(), copy_gbps=copy, rows=rows),
+              open(out_json, "w"), indent=1)
+    q = [r["tables"]["table"]["pack_us"] / r["tables"][old]["pack_us"] for r in rows]
+    print(f"table / {old}: median {statistics.median(q):.3f} min {min(q):.3f} max "
+          f"{max(q):.3f}; table / sf worst {max(r['pack_ratio'] for r in rows):.3f}")

@@ -17,29 +17,15 @@ import json, statistics, sys
 import torch
 from dcp_a2a.kernels import tuning
 from dcp_a2a.ops import unpack_combine
-from dcp_a2a.testing.bench import copy_bandwidth, grid_point, grid_points, timed_rounds
-from _rounds import check_bytes, pack_point, pack_under, packs, under_launch
+from dcp_a2a.testing.bench import grid_points, timed_rounds
+from _rounds import check_bytes, check_tables, pack_point, pack_under, packs, under_launch
 
 B, H, N, D, DT = 1, 128, 8, 512, "bfloat16"
 
 
 def band(out_json, rounds):
-    copy, rows = copy_bandwidth(1 << 30), []
-    for pt in grid_points():
-        b, h, n, d, dt = pt
-        if d != 512 or dt == "float32" or b * h > 256:
-            continue
-        r = grid_point(*pt, copy, tables=("table", "pack_ninth_pass"), rounds=rounds)
-        rows.append(r)
-        new, old = (r["tables"][t]["pack_us"] for t in ("table", "pack_ninth_pass"))
-        print(f"{b} {h} {n} {dt}: table {new:.3f} ninth {old:.3f} sf "
-              f"{r['pack_straightforward_us']:.3f} | table/ninth {new / old:.3f} "
-              f"table/sf {r['pack_ratio']:.3f}", flush=True)
-    json.dump(dict(device=torch.cuda.get_device_name(), copy_gbps=copy, rows=rows),
-              open(out_json, "w"), indent=1)
-    q = [r["tables"]["table"]["pack_us"] / r["tables"]["pack_ninth_pass"]["pack_us"] for r in rows]
-    print(f"table / ninth: median {statistics.median(q):.3f} min {min(q):.3f} max {max(q):.3f}; "
-          f"table / sf worst {max(r['pack_ratio'] for r in rows):.3f}")
+    check_tables(out_json, [pt for pt in grid_points() if pt[3] == 512 and pt[4] != "float32"
+                            and pt[0] * pt[1] <= 256], "pack_ninth_pass", rounds)
 
 
 def target(out_json, rounds):

@@ -17,8 +17,8 @@ table's verdict against 0.95 x the straightforward kernel, undecided ones timed 
 import json, statistics, sys
 import torch
 from dcp_a2a.kernels import tuning
-from dcp_a2a.testing.bench import GRID_B, GRID_HN, copy_bandwidth, grid_point, timed_rounds
-from _rounds import check_bytes, pack_point, pack_under, packs
+from dcp_a2a.testing.bench import GRID_B, GRID_HN, timed_rounds
+from _rounds import check_bytes, check_tables, pack_point, pack_under, packs
 
 
 def band_points(dt, d, lo, hi):
@@ -61,23 +61,7 @@ def sweep(out_json, pts, rounds):
 
 
 def check(out_json, pts, rounds):
-    copy, rows = copy_bandwidth(1 << 30), []
-    for pt in pts:
-        r = grid_point(*pt, copy, tables=("table", "pack_tenth_pass"), rounds=rounds,
-                       settle_rounds=9)
-        rows.append(r)
-        new, old = (r["tables"][t] for t in ("table", "pack_tenth_pass"))
-        print(f"{pt}: table {new['pack_us']:.3f} ({new['pack_verdict']}) tenth "
-              f"{old['pack_us']:.3f} ({old['pack_verdict']}) sf "
-              f"{r['pack_straightforward_us']:.3f} | table/tenth "
-              f"{new['pack_us'] / old['pack_us']:.3f} table/sf {r['pack_ratio']:.3f} "
-              f"[{r['pack_ratio_ci'][0]:.3f}, {r['pack_ratio_ci'][1]:.3f}]", flush=True)
-    json.dump(dict(device=torch.cuda.get_device_name(), copy_gbps=copy, rows=rows),
-              open(out_json, "w"), indent=1)
-    q = [r["tables"]["table"]["pack_us"] / r["tables"]["pack_tenth_pass"]["pack_us"]
-         for r in rows]
-    print(f"table / tenth: median {statistics.median(q):.3f} min {min(q):.3f} max "
-          f"{max(q):.3f}; table / sf worst {max(r['pack_ratio'] for r in rows):.3f}")
+    check_tables(out_json, pts, "pack_tenth_pass", rounds, settle_rounds=9)
 
 
 if __name__ == "__main__":
