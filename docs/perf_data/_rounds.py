@@ -68,6 +68,24 @@ def under_launch(kind, cfg, fn):
     return run
 
 
+def pack_variants(out, lse, send, hpr, row_heads=(1, 2, 4, 8)):
+    """``packs`` and the launches the sweeps time around them: the row kernel at ``row_heads``
+    heads a program x 1, 2, 4 or 8 warps, vector or lane loads ("row{heads}x{warps}[_lane]"),
+    and the slab kernel at 4, 8 or 16 heads x 1, 2, 4 or 8 warps ("slab{heads}x{warps}"; the
+    row kernel where the slab kernel does not fit). The head's tile is its whole width."""
+    v = packs(out, lse, send, hpr)
+    for heads in row_heads:
+        for warps in (1, 2, 4, 8):
+            for lane in (False, True):
+                cfg = tuning.Launch(heads, 1024, warps, lane_loads=lane)
+                v[f"row{heads}x{warps}" + "_lane" * lane] = pack_under(cfg, out, lse, send, hpr)
+    for heads in (4, 8, 16):
+        for warps in (1, 2, 4, 8):
+            cfg = tuning.Launch(heads, 1024, warps, slab=True)
+            v[f"slab{heads}x{warps}"] = pack_under(cfg, out, lse, send, hpr)
+    return v
+
+
 def pack_under(cfg, out, lse, send, hpr):
     """A pack with the launch ``cfg`` in place of the table's."""
     return under_launch("pack", cfg, lambda: pack(out, lse, send, hpr))

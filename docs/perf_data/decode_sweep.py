@@ -18,7 +18,7 @@ import torch
 from dcp_a2a.kernels import tuning
 from dcp_a2a.ops import unpack_combine
 from dcp_a2a.testing.bench import grid_points, timed_rounds
-from _rounds import check_bytes, check_tables, pack_point, pack_under, packs, under_launch
+from _rounds import check_bytes, check_tables, pack_point, pack_variants, under_launch
 
 B, H, N, D, DT = 1, 128, 8, 512, "bfloat16"
 
@@ -31,18 +31,8 @@ def band(out_json, rounds):
 def target(out_json, rounds):
     p, hpr, out, lse, send, nbytes, ref = pack_point(B, H, N, D, DT)
 
-    pack_variants = packs(out, lse, send, hpr)
-    for heads in (1, 2, 4):
-        for warps in (1, 2, 4, 8):
-            for lane in (False, True):
-                cfg = tuning.Launch(heads, 256, warps, lane_loads=lane)
-                pack_variants[f"row{heads}x{warps}" + "_lane" * lane] = pack_under(
-                    cfg, out, lse, send, hpr)
-    for heads in (4, 8, 16):
-        for warps in (1, 2, 4, 8):
-            pack_variants[f"slab{heads}x{warps}"] = pack_under(
-                tuning.Launch(heads, 256, warps, slab=True), out, lse, send, hpr)
-    check_bytes(pack_variants, send, ref, (B, H, N, D, DT))
+    pack_launches = pack_variants(out, lse, send, hpr, row_heads=(1, 2, 4))
+    check_bytes(pack_launches, send, ref, (B, H, N, D, DT))
     recv = send.clone()
     combine = lambda: unpack_combine(recv, D, p, False, True)
     want = combine()
@@ -55,7 +45,7 @@ def target(out_json, rounds):
         assert torch.equal(fn().view(torch.int16), want.view(torch.int16)), name
 
     res = dict(device=torch.cuda.get_device_name(), shape=[B, H, D, N, DT], rounds_asked=rounds)
-    for part, variants in (("pack", pack_variants), ("combine", combine_variants)):
+    for part, variants in (("pack", pack_launches), ("combine", combine_variants)):
         med, times, _ = timed_rounds(variants, nbytes, rounds)
         res[part] = dict(median_us=med, rounds=times)
         base = med["table"]

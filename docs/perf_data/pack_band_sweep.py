@@ -16,34 +16,19 @@ table's verdict against 0.95 x the straightforward kernel, undecided ones timed 
 """
 import json, statistics, sys
 import torch
-from dcp_a2a.kernels import tuning
 from dcp_a2a.testing.bench import GRID_B, GRID_HN, timed_rounds
-from _rounds import check_bytes, check_tables, pack_point, pack_under, packs
+from _rounds import check_bytes, check_tables, pack_point, pack_variants
 
 
 def band_points(dt, d, lo, hi):
     return [(b, h, n, d, dt) for h, n in GRID_HN for b in GRID_B if lo < b * h <= hi]
 
 
-def variants_at(out, lse, send, hpr):
-    v = packs(out, lse, send, hpr)
-    for heads in (1, 2, 4, 8):
-        for warps in (1, 2, 4, 8):
-            for lane in (False, True):
-                cfg = tuning.Launch(heads, 1024, warps, lane_loads=lane)
-                v[f"row{heads}x{warps}" + "_lane" * lane] = pack_under(cfg, out, lse, send, hpr)
-    for heads in (4, 8, 16):
-        for warps in (1, 2, 4, 8):
-            cfg = tuning.Launch(heads, 1024, warps, slab=True)
-            v[f"slab{heads}x{warps}"] = pack_under(cfg, out, lse, send, hpr)
-    return v
-
-
 def sweep(out_json, pts, rounds):
     rows = []
     for pt in pts:
         p, hpr, out, lse, send, nbytes, ref = pack_point(*pt)
-        variants = variants_at(out, lse, send, hpr)
+        variants = pack_variants(out, lse, send, hpr)
         check_bytes(variants, send, ref, pt)
         med, times, _ = timed_rounds(variants, nbytes, rounds)
         rows.append(dict(point=list(pt), median_us=med, rounds=times))
