@@ -109,7 +109,7 @@ def test_grid_table_reports_each_verdict_and_lists_what_is_not_met():
     assert [(w[0], w[1], w[2]) for w in listed] == [("undecided", "pack", "B=4"),
                                                    ("missed", "pack", "B=16")]
     assert "[0.930, 0.970] over 9 rounds; copy x 1.125, target copy x 1.188\n" in text
-    # the target over the copy: 0.95 x sf / copy, flagged where no copy of the bytes meets it
+    # the target over the copy: 0.95 x sf / copy, flagged where it is below the copy's time
     slow_copy = row(32, "missed", [0.96, 0.99], 9)
     slow_copy["pack_copy_us"] = 9.6
     assert text.endswith("target copy x 1.188")
