@@ -155,6 +155,10 @@ def markdown(report: dict) -> str:
              f"Model {c.get('model', '?')}; DCP N={c['dcp_size']} ({where}), LSE base "
              f"{c['lse_base']}, shard={c['shard']}, combine={c['combine']}, "
              f"dtype={c['dtype']}; paired statistics against `{base}`.", ""]
+    if report.get("sources"):  # runs paired from separate directories (evals.pair)
+        lines += ["Runs made apart (the settings above are the baseline's; a run's label "
+                  "names those in which the runs differ):", ""]
+        lines += [f"- `{label}`: {src}" for label, src in report["sources"].items()] + [""]
     for f in FILTERS:
         lines += [f"## {f}", "",
                   "| backend | EM ± stderr | answer agreement | right→wrong | wrong→right | "

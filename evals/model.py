@@ -212,14 +212,25 @@ def load_model(pretrained: str | None = None, gguf_file: str | None = None,
     """(model, tokenizer) in eval mode with SDPA attention (attach DCP with
     :func:`evals.dcp_attention.attach_dcp`). Resolves its arguments with
     :func:`resolve_model` (default: the registry's default model)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     r = resolve_model(model, pretrained, gguf_file)
     kw = {"gguf_file": r["gguf_file"]} if r["gguf_file"] else {}
-    tok = AutoTokenizer.from_pretrained(r["pretrained"], **kw)
+    tok = load_tokenizer(r["pretrained"], r["gguf_file"])
     m = AutoModelForCausalLM.from_pretrained(r["pretrained"], dtype=parse_dtype(dtype),
                                              attn_implementation="sdpa", **kw)
     return m.to(device).eval(), tok
+
+
+def load_tokenizer(pretrained: str | None = None, gguf_file: str | None = None,
+                   model: str | None = None):
+    """The tokenizer alone (arguments as :func:`resolve_model`'s): what comparing two runs'
+    generations token by token needs, without loading the model."""
+    from transformers import AutoTokenizer
+
+    r = resolve_model(model, pretrained, gguf_file)
+    kw = {"gguf_file": r["gguf_file"]} if r["gguf_file"] else {}
+    return AutoTokenizer.from_pretrained(r["pretrained"], **kw)
 
 
 def add_model_arguments(ap) -> None:

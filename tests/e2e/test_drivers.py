@@ -72,3 +72,11 @@ def test_gsm8k_driver_through_lm_eval(tiny_dir, tmp_path):
     assert {s["target"] for s in samples} == {"... #### 7", "... #### 8", "... #### 9"}
     assert json.loads((out / "results.json").read_text())["paired"] == report["paired"]
     assert "| packed |" in (out / "results.md").read_text()
+    # the same pairs from the run's directory, one backend at a time (python -m
+    # dcp_a2a.evals.pair): as the driver paired them
+    from dcp_a2a.evals import pair
+
+    apart = pair.main([f"{out}:reference", f"{out}:packed", f"{out}:ag_rs",
+                       "--out", str(tmp_path / "p")])
+    assert apart["paired"] == report["paired"] and apart["baseline"] == "reference"
+    assert json.loads((tmp_path / "p" / "results.json").read_text())["paired"] == apart["paired"]

@@ -175,7 +175,7 @@ def test_lm_eval_model_help_is_ours_then_lm_evals(capsys):
 
 
 @pytest.mark.unit
-@pytest.mark.parametrize("module", ["gsm8k", "logit_parity", "prepare"])
+@pytest.mark.parametrize("module", ["gsm8k", "logit_parity", "prepare", "pair"])
 def test_every_option_has_help_and_shows_its_default(module):
     import importlib
 
@@ -187,10 +187,12 @@ def test_every_option_has_help_and_shows_its_default(module):
     for a in ap._actions:
         if a.dest == "help":
             continue
-        assert a.help, f"{a.option_strings} has no help"
-        if a.nargs != 0:  # options with a value: "(default: ...)" is shown
+        assert a.help, f"{a.option_strings or a.dest} has no help"
+        if a.nargs != 0 and a.option_strings:  # options with a value: "(default: ...)" shown
             assert "%(default)" in fmt._get_help_string(a), a.option_strings
-    assert text.count("(default:") >= sum(a.nargs != 0 for a in ap._actions if a.dest != "help")
+    # (a positional argument is required: it has no default to show)
+    assert text.count("(default:") >= sum(a.nargs != 0 and bool(a.option_strings)
+                                          for a in ap._actions if a.dest != "help")
 
 
 # --------------------------------------------------------------------------- install
