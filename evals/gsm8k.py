@@ -314,7 +314,6 @@ def _main_distributed(args, backends, found):
 
 def _write(out: Path, args, found, runs, tokenizer) -> dict:
     """results.json and results.md of the runs so far (rank 0 only)."""
-    out.mkdir(parents=True, exist_ok=True)
     base = runs[0]
     config = dict(vars(args))
     config["model"] = found["model"]["model"]
@@ -322,9 +321,15 @@ def _write(out: Path, args, found, runs, tokenizer) -> dict:
     report = {"config": config, "baseline": base["backend"],
               "runs": [{k: v for k, v in r.items() if k != "samples"} for r in runs],
               "paired": {r["backend"]: paired(base, r, tokenizer) for r in runs[1:]}}
+    write_report(out, report)
+    return report
+
+
+def write_report(out: Path, report: dict) -> None:
+    """``results.json`` and ``results.md`` of ``report`` under ``out`` (also evals.pair's)."""
+    out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(report, indent=2))
     (out / "results.md").write_text(markdown(report))
-    return report
 
 
 if __name__ == "__main__":

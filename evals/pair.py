@@ -22,7 +22,7 @@ import argparse
 import json
 from pathlib import Path
 
-from .gsm8k import markdown, paired
+from .gsm8k import markdown, paired, write_report
 from .inputs import HelpFormatter, MissingInput, fail
 
 PROG = "python -m dcp_a2a.evals.pair"
@@ -133,10 +133,7 @@ def main(argv=None) -> dict:
     except ValueError as e:
         parser().error(str(e))
     report = pair_runs(runs, tokenizer)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps(report, indent=2))
-    (out / "results.md").write_text(markdown(report))
+    write_report(Path(args.out), report)
     print(markdown(report))
     return report
 
