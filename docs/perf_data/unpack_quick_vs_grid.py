@@ -37,7 +37,6 @@ for i in range(repeats):
     us, _ = time_us(lambda: unpack_combine(send, d, p, False, True),
                     send.numel() * es + b * hpr * d * es)
     rows.append({"how": "alone after 2 s", "unpack_us": us, "clocks_after": clocks()})
-    del out, lse, send
     for r in rows[-3:]:
         print(r, flush=True)
 json.dump({"device": torch.cuda.get_device_name(), "copy_gbps": copy, "rows": rows},
