@@ -215,10 +215,9 @@ def load_model(pretrained: str | None = None, gguf_file: str | None = None,
     from transformers import AutoModelForCausalLM
 
     r = resolve_model(model, pretrained, gguf_file)
-    kw = {"gguf_file": r["gguf_file"]} if r["gguf_file"] else {}
-    tok = load_tokenizer(r["pretrained"], r["gguf_file"])
+    tok = _tokenizer(r)
     m = AutoModelForCausalLM.from_pretrained(r["pretrained"], dtype=parse_dtype(dtype),
-                                             attn_implementation="sdpa", **kw)
+                                             attn_implementation="sdpa", **_gguf(r))
     return m.to(device).eval(), tok
 
 
@@ -226,11 +225,18 @@ def load_tokenizer(pretrained: str | None = None, gguf_file: str | None = None,
                    model: str | None = None):
     """The tokenizer alone (arguments as :func:`resolve_model`'s): what comparing two runs'
     generations token by token needs, without loading the model."""
+    return _tokenizer(resolve_model(model, pretrained, gguf_file))
+
+
+def _tokenizer(r: dict):
     from transformers import AutoTokenizer
 
-    r = resolve_model(model, pretrained, gguf_file)
-    kw = {"gguf_file": r["gguf_file"]} if r["gguf_file"] else {}
-    return AutoTokenizer.from_pretrained(r["pretrained"], **kw)
+    return AutoTokenizer.from_pretrained(r["pretrained"], **_gguf(r))
+
+
+def _gguf(r: dict) -> dict:
+    """from_pretrained's GGUF argument for a :func:`resolve_model` result (none for a directory)."""
+    return {"gguf_file": r["gguf_file"]} if r["gguf_file"] else {}
 
 
 def add_model_arguments(ap) -> None:
