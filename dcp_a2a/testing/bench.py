@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 from dataclasses import asdict, dataclass
@@ -84,9 +85,31 @@ def copy_bandwidth(nbytes: int = 4 << 30) -> float:
     return 2 * nbytes / (ms * 1e-3) / 1e9
 
 
-def time_us(fn, nbytes: int, reps_in_graph: int | None = None) -> tuple[float, str]:
+# A GPU that has been idle for a second or more runs its first milliseconds of work slower (up
+# to 10 % at B=8192, docs/perf.md "How it is measured"): the graph is replayed untimed for this
+# long before the timed replays, as do_bench warms up for 25 ms.
+WARMUP_MS = 25.0
+
+
+def _warm_up(replay, ms: float) -> None:
+    """Run ``replay`` untimed for about ``ms`` milliseconds of GPU time."""
+    if ms <= 0:
+        return
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    replay()
+    b.record()
+    torch.cuda.synchronize()
+    for _ in range(min(10_000, math.ceil(ms / max(a.elapsed_time(b), 1e-3)))):
+        replay()
+    torch.cuda.synchronize()
+
+
+def time_us(fn, nbytes: int, reps_in_graph: int | None = None,
+            warmup_ms: float | None = None) -> tuple[float, str]:
     """Median microseconds per call: CUDA-graph replays of back-to-back calls below
-    GRAPH_BYTES_LIMIT moved (fewer calls per graph for bigger ones), events above."""
+    GRAPH_BYTES_LIMIT moved (fewer calls per graph for bigger ones), after ``warmup_ms``
+    (default WARMUP_MS) of untimed replays; events above (``do_bench``, which warms up alike)."""
     import triton.testing
 
     if nbytes >= GRAPH_BYTES_LIMIT:
@@ -104,6 +127,7 @@ def time_us(fn, nbytes: int, reps_in_graph: int | None = None) -> tuple[float, s
     with torch.cuda.graph(g):
         for _ in range(reps_in_graph):
             fn()
+    _warm_up(g.replay, WARMUP_MS if warmup_ms is None else warmup_ms)
     times = []
     for _ in range(15):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

@@ -35,3 +35,23 @@ def test_grid_point_times_every_table_in_rounds():
     assert row["tables"]["table"]["unpack_us"] == row["tables"]["pack_sixth_pass"]["unpack_us"]
     text = bench.grid_table([row])
     assert "medians of 2 interleaved rounds" in text and "worst ratio" in text
+
+
+def test_time_us_warms_the_graph_up_for_the_time_asked_before_timing_it():
+    # A kernel of a known length (torch.cuda._sleep spins for a number of cycles) and a device
+    # counter of the calls that ran: the untimed replays before the 15 timed ones must add up
+    # to at least the warm-up asked for.
+    count = torch.zeros((), dtype=torch.int64, device="cuda")
+
+    def call():
+        torch.cuda._sleep(200_000)  # ~0.1 ms at the H200's 1.98 GHz
+        count.add_(1)
+
+    us, method = bench.time_us(call, 0, reps_in_graph=2, warmup_ms=20)
+    assert method == "graph"
+    replays = (int(count) - 3) // 2  # less the three eager calls; two calls a replay
+    untimed = replays - 15
+    assert untimed * 2 * us / 1e3 >= 20 * 0.9, (untimed, us)
+    count.zero_()
+    bench.time_us(call, 0, reps_in_graph=2, warmup_ms=0)
+    assert int(count) == 3 + 2 * 15  # no warm-up asked: the timed replays only
