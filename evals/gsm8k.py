@@ -334,3 +334,6 @@ def write_report(out: Path, report: dict) -> None:
 
 if __name__ == "__main__":
     main()
+    from .distributed import exit_if_left_cleanly
+
+    exit_if_left_cleanly()  # a torchrun rank ends here, past gloo's teardown at exit
