@@ -213,9 +213,10 @@ def exit_if_left_cleanly() -> None:
     and without the interpreter's finalization. ``destroy_process_group`` leaves the gloo
     process group object alive (torch 2.13, 2 gloo ranks: 11 references to it after the run
     and a ``gc.collect()``, none from a Python object), so it and gloo's threads are torn down
-    in finalization, where a rank can abort ("terminate called without an active exception",
-    SIGABRT: twice in CI, once after the barrier of :func:`leave` was added;
-    pytorch/pytorch#179291 describes a process group freed during finalization crashing so).
+    in finalization. A rank aborted twice in CI after its work was done ("terminate called
+    without an active exception", SIGABRT; once after the barrier of :func:`leave` was added),
+    most likely there: pytorch/pytorch#179291 describes a gloo group torn down in finalization
+    crashing so (34 runs here did not reproduce it).
     Everything the run writes is closed by then; stdout and stderr are flushed here. Otherwise
     a no-op."""
     if _left_cleanly:
