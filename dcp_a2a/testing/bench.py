@@ -85,9 +85,9 @@ def copy_bandwidth(nbytes: int = 4 << 30) -> float:
     return 2 * nbytes / (ms * 1e-3) / 1e9
 
 
-# A GPU that has been idle for a second or more runs its first milliseconds of work slower (up
-# to 10 % at B=8192, docs/perf.md "How it is measured"): the graph is replayed untimed for this
-# long before the timed replays, as do_bench warms up for 25 ms.
+# Graph replays timed with no warm-up read up to 11 % slow (the quick benchmark's B=8192 unpack,
+# timed right after its kernel's first call; docs/perf.md, twelfth pass): the graph is replayed
+# untimed for this long before the timed replays, as do_bench warms up for 25 ms.
 WARMUP_MS = 25.0
 
 

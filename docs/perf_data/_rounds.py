@@ -1,7 +1,8 @@
 """What the perf scripts here share besides the bench's timers: one grid point's pack inputs
 and reference bytes, and a check of every variant's wire bytes before timing them
-(``dcp_a2a.testing.bench.timed_rounds`` then times them in interleaved rounds)."""
-import json, statistics, time
+(``dcp_a2a.testing.bench.timed_rounds`` then times them in interleaved rounds); the GPU's
+clocks as nvidia-smi reports them."""
+import json, statistics, subprocess, time
 import torch
 from dcp_a2a.kernels import tuning
 from dcp_a2a.kernels.pack import pack
@@ -112,3 +113,11 @@ def check_tables(out_json, pts, old, rounds, settle_rounds=0):
     q = [r["tables"]["table"]["pack_us"] / r["tables"][old]["pack_us"] for r in rows]
     print(f"table / {old}: median {statistics.median(q):.3f} min {min(q):.3f} max "
           f"{max(q):.3f}; table / sf worst {max(r['pack_ratio'] for r in rows):.3f}")
+
+
+def clocks() -> str:
+    """nvidia-smi's SM clock, memory clock (MHz), power draw (W) and temperature (C), now."""
+    q = "clocks.sm,clocks.mem,power.draw,temperature.gpu"
+    r = subprocess.run(["nvidia-smi", f"--query-gpu={q}", "--format=csv,noheader,nounits"],
+                       capture_output=True, text=True)
+    return r.stdout.strip()

@@ -8,16 +8,11 @@ REPEATS times.
 
     python docs/perf_data/idle_warmup.py OUT.json [REPEATS]   (on a GPU; PYTHONPATH=. from the checkout)
 """
-import json, subprocess, sys, time
+import json, sys, time
 import torch
 from dcp_a2a.ops import pack_send, unpack_combine
+from _rounds import clocks
 from dcp_a2a.testing.bench import _inputs, time_us
-
-
-def clocks():
-    r = subprocess.run(["nvidia-smi", "--query-gpu=clocks.sm,clocks.mem,power.draw",
-                        "--format=csv,noheader,nounits"], capture_output=True, text=True)
-    return r.stdout.strip()
 
 
 def case(b, h, d, n, dt, op):

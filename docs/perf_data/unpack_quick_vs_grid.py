@@ -8,17 +8,11 @@ memory clocks read around each (nvidia-smi). Run in the twelfth pass (docs/perf.
 
     python docs/perf_data/unpack_quick_vs_grid.py OUT.json [REPEATS]   (on a GPU; PYTHONPATH=. from the checkout)
 """
-import json, subprocess, sys, time
+import json, sys, time
 import torch
 from dcp_a2a.ops import pack_send, unpack_combine
+from _rounds import clocks
 from dcp_a2a.testing.bench import bench_shape, copy_bandwidth, grid_point, time_us, _inputs
-
-
-def clocks():
-    q = "clocks.sm,clocks.mem,power.draw,temperature.gpu"
-    r = subprocess.run(["nvidia-smi", f"--query-gpu={q}", "--format=csv,noheader,nounits"],
-                       capture_output=True, text=True)
-    return r.stdout.strip()
 
 
 b, h, d, n, dt = 8192, 64, 512, 4, "bfloat16"
