@@ -24,7 +24,8 @@ rounds in all, and decided on every round it has.
 ``--collective`` (under torchrun, one rank per GPU, NCCL) times the real exchange end to end:
 ``lse_reduce`` with each backend (packed, two_collective, ag_rs, and symm_mem on NCCL groups of
 CUDA ranks), median over iterations, as CUDA-graph replays where the path captures (NCCL
-collectives and symm_mem do) and with events otherwise; rank 0 prints the table, each backend's
+collectives and symm_mem do) and with events otherwise, after ``WARMUP_MS`` of untimed calls
+(their number agreed by the ranks); rank 0 prints the table, each backend's
 time over packed's and packed's over symm_mem's (its speed-up). Without CUDA it runs on gloo
 with CPU tensors (a smoke test of the code path; the times mean nothing).
 """
@@ -485,12 +486,34 @@ def table(rows: list[Row]) -> str:
 COLLECTIVE_SHAPES = [(b, h) for h in (64, 128) for b in (1, 16, 128, 1024, 8192)]
 
 
-def _time_collective(fn, device, iters: int) -> tuple[float, str]:
+def agreed_warmup_calls(ms_per_call: float, warmup_ms: float, device,
+                        group=None) -> int:
+    """Untimed calls that make up at least ``warmup_ms`` at each rank's own ``ms_per_call``: the
+    most any rank of ``group`` asks for, the same number on every rank. Each call is a
+    collective, so ranks that ran different counts would leave one waiting in its last call for
+    peers that never join."""
+    import torch.distributed as dist
+
+    local = 0 if warmup_ms <= 0 else min(10_000, math.ceil(warmup_ms / max(ms_per_call, 1e-3)))
+    n = torch.tensor([local], dtype=torch.int64, device=device)
+    dist.all_reduce(n, op=dist.ReduceOp.MAX, group=group)
+    return int(n.item())
+
+
+def _time_collective(fn, device, iters: int,
+                     warmup_ms: float | None = None) -> tuple[float, str, int]:
+    """Median microseconds of one ``fn()`` (a collective) over ``iters`` calls, each started
+    after a barrier: CUDA-graph replays where ``fn`` captures, events where it does not, wall
+    clock on CPU ranks; after ``warmup_ms`` (default WARMUP_MS) of untimed calls, as ``time_us``
+    warms up. Returns (us, method, untimed calls)."""
+    import time
+
     import torch.distributed as dist
 
     for _ in range(3):
         fn()
-    if device.type == "cuda":
+    cuda = device.type == "cuda"
+    if cuda:
         try:
             torch.cuda.synchronize()
             g = torch.cuda.CUDAGraph()
@@ -500,26 +523,31 @@ def _time_collective(fn, device, iters: int) -> tuple[float, str]:
         except Exception:  # a path that does not capture: plain launches
             torch.cuda.synchronize()
             runner, method = fn, "events"
-        times = []
-        for _ in range(iters):
-            dist.barrier()
+
+        def once() -> float:  # ms
             a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             a.record()
             runner()
             b.record()
             torch.cuda.synchronize()
-            times.append(a.elapsed_time(b) * 1e3)
+            return a.elapsed_time(b)
     else:
-        import time
+        runner, method = fn, "wall"
 
-        times, method = [], "wall"
-        for _ in range(iters):
-            dist.barrier()
+        def once() -> float:
             t0 = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - t0) * 1e6)
+            runner()
+            return (time.perf_counter() - t0) * 1e3
+    dist.barrier()
+    warm = agreed_warmup_calls(once(), WARMUP_MS if warmup_ms is None else warmup_ms, device)
+    for _ in range(warm):
+        runner()
+    times = []
+    for _ in range(iters):
+        dist.barrier()
+        times.append(once() * 1e3)
     times.sort()
-    return times[len(times) // 2], method
+    return times[len(times) // 2], method, warm + 1
 
 
 def collective_main(args) -> int:
@@ -559,12 +587,12 @@ def collective_main(args) -> int:
             if backend == "symm_mem":
                 kw["buffers"] = SymmMemBuffers(group, max_tokens=b, num_heads=h, head_dim=d,
                                                dtype=out.dtype, device=device)
-            us, method = _time_collective(lambda: lse_reduce(out, lse, group, **kw), device,
-                                          args.iters)
-            res[backend] = (us, method)
+            res[backend] = _time_collective(lambda: lse_reduce(out, lse, group, **kw), device,
+                                            args.iters)
         row = {"B": b, "H": h, "D": d, "N": world,
                **{f"{k}_us": v[0] for k, v in res.items()},
                **{f"{k}_timing": v[1] for k, v in res.items()},
+               **{f"{k}_untimed_calls": v[2] for k, v in res.items()},
                **{f"{k}_over_packed": res[k][0] / res["packed"][0]
                   for k in backends if k != "packed"}}
         if "symm_mem" in res:

@@ -185,6 +185,13 @@ def all_reduce_sum(ctx, n: int, value: float) -> float:
     return t.item()
 
 
+def warmup_calls(ctx, n: int, warmup_ms: float, ms_per_call: float) -> int:
+    """The collective benchmark's warm-up count on this rank (``bench.agreed_warmup_calls``)."""
+    from .bench import agreed_warmup_calls
+
+    return agreed_warmup_calls(ms_per_call, warmup_ms, ctx.device, ctx.process_group(n))
+
+
 def raise_on(ctx, bad_rank: int, message: str):
     """``bad_rank`` raises; the others wait in a barrier that it never joins."""
     if ctx.rank == bad_rank:

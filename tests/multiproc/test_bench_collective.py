@@ -44,3 +44,12 @@ def test_collective_bench_runs_on_two_ranks(tmp_path, project_only):
         assert row[f"{backend}_us"] > 0
         # CPU ranks: wall clock; GPU ranks: CUDA-graph replays (or events where no capture)
         assert row[f"{backend}_timing"] in (("graph", "events") if gpu_count() else ("wall",))
+        assert row[f"{backend}_untimed_calls"] >= 1
+
+
+@pytest.mark.parametrize("warmup_ms, want", [(25.0, 25), (0.0, 0)])
+def test_ranks_agree_on_the_warm_up_count(rank_pool, warmup_ms, want):
+    # 1 ms a call on rank 0 asks for 25 calls, 5 ms on rank 1 for 5: both run the 25, or rank 1
+    # would leave rank 0 waiting in its last 20 collectives
+    counts = rank_pool.run(mp_tasks.warmup_calls, 2, warmup_ms, per_rank=[(1.0,), (5.0,)], n=2)
+    assert counts == [want, want]
