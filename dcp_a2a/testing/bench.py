@@ -566,7 +566,8 @@ def collective_main(args) -> int:
     cuda = device.type == "cuda"
     if cuda:
         torch.cuda.set_device(device)
-    dist.init_process_group(backend)
+    # the device bound to an NCCL group: its barriers use it (unbound, each warns it guessed)
+    dist.init_process_group(backend, **({"device_id": device} if backend == "nccl" else {}))
     rank, world = dist.get_rank(), dist.get_world_size()
     group = Group.from_process_group()
     # symm_mem stores into peers' GPU memory: NCCL groups of CUDA ranks only
