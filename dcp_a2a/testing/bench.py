@@ -92,6 +92,11 @@ def copy_bandwidth(nbytes: int = 4 << 30) -> float:
 WARMUP_MS = 25.0
 
 
+def _warm_up_calls(ms: float, ms_per_call: float) -> int:
+    """Calls of ``ms_per_call`` that make up at least ``ms`` (capped: a call timed at ~0)."""
+    return 0 if ms <= 0 else min(10_000, math.ceil(ms / max(ms_per_call, 1e-3)))
+
+
 def _warm_up(replay, ms: float) -> None:
     """Run ``replay`` untimed for about ``ms`` milliseconds of GPU time."""
     if ms <= 0:
@@ -101,7 +106,7 @@ def _warm_up(replay, ms: float) -> None:
     replay()
     b.record()
     torch.cuda.synchronize()
-    for _ in range(min(10_000, math.ceil(ms / max(a.elapsed_time(b), 1e-3)))):
+    for _ in range(_warm_up_calls(ms, a.elapsed_time(b))):
         replay()
     torch.cuda.synchronize()
 
@@ -494,8 +499,7 @@ def agreed_warmup_calls(ms_per_call: float, warmup_ms: float, device,
     peers that never join."""
     import torch.distributed as dist
 
-    local = 0 if warmup_ms <= 0 else min(10_000, math.ceil(warmup_ms / max(ms_per_call, 1e-3)))
-    n = torch.tensor([local], dtype=torch.int64, device=device)
+    n = torch.tensor([_warm_up_calls(warmup_ms, ms_per_call)], dtype=torch.int64, device=device)
     dist.all_reduce(n, op=dist.ReduceOp.MAX, group=group)
     return int(n.item())
 
@@ -512,8 +516,7 @@ def _time_collective(fn, device, iters: int,
 
     for _ in range(3):
         fn()
-    cuda = device.type == "cuda"
-    if cuda:
+    if device.type == "cuda":
         try:
             torch.cuda.synchronize()
             g = torch.cuda.CUDAGraph()
