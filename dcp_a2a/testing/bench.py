@@ -504,12 +504,11 @@ def agreed_warmup_calls(ms_per_call: float, warmup_ms: float, device,
     return int(n.item())
 
 
-def _time_collective(fn, device, iters: int,
-                     warmup_ms: float | None = None) -> tuple[float, str, int]:
+def _time_collective(fn, device, iters: int) -> tuple[float, str, int]:
     """Median microseconds of one ``fn()`` (a collective) over ``iters`` calls, each started
     after a barrier: CUDA-graph replays where ``fn`` captures, events where it does not, wall
-    clock on CPU ranks; after ``warmup_ms`` (default WARMUP_MS) of untimed calls, as ``time_us``
-    warms up. Returns (us, method, untimed calls)."""
+    clock on CPU ranks; after WARMUP_MS of untimed calls, as ``time_us`` warms up. Returns (us,
+    method, untimed calls)."""
     import time
 
     import torch.distributed as dist
@@ -542,7 +541,7 @@ def _time_collective(fn, device, iters: int,
             runner()
             return (time.perf_counter() - t0) * 1e3
     dist.barrier()
-    warm = agreed_warmup_calls(once(), WARMUP_MS if warmup_ms is None else warmup_ms, device)
+    warm = agreed_warmup_calls(once(), WARMUP_MS, device)
     for _ in range(warm):
         runner()
     times = []
