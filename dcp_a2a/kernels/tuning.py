@@ -3,7 +3,7 @@
 The table is fixed data, so a CUDA graph captured at one batch size replays the launch it
 captured, and the tests can run every configuration the table can pick
 (``every_launch``): the kernels' results are bitwise the same under each of them (no FMA
-contraction, fixed summation order; see :mod:`dcp_a2a.merge_math`). The benchmark
+contraction, fixed summation order; see :mod:`dcp_a2a.kernels.merge_math`). The benchmark
 (``python -m dcp_a2a.testing.bench --sweep``) overrides the table through ``OVERRIDES`` to time variants
 in one run; docs/perf.md records what was tried and why these rows won.
 """

@@ -263,6 +263,10 @@ def pytest_command(spec: RunSpec, prefix: Path, *, impl: str | None, quick: bool
         if _module_present("xdist"):
             # loadgroup: the tests of one pool of ranks (xdist_group "rank_pool") share a worker
             cmd += ["-n", str(spec.workers), "--dist", "loadgroup"]
+            if _module_present("pytest_benchmark"):
+                # the suite times nothing (speed is the bench's); under xdist pytest-benchmark,
+                # common on GPU images, only warns, once per worker, at the top of the log
+                cmd += ["-p", "no:benchmark"]
     else:
         cmd += ["-p", "no:xdist"] if _module_present("xdist") else []
     return cmd + list(extra)

@@ -131,3 +131,19 @@ def test_eval_jobs_name_what_is_missing(tmp_path):
     m["eval_model"] = "/m.gguf"
     _, gs = val.plan_evals(m, tmp_path, 10, "reference,packed")
     assert gs.reason.startswith("GSM8K data not found at /d")
+
+
+@pytest.mark.parametrize("present", [set(), {"xdist"}, {"xdist", "pytest_benchmark"}])
+def test_pytest_command_workers_and_foreign_plugins(monkeypatch, tmp_path, present):
+    """xdist only where it is installed; pytest-benchmark (GPU images carry it) switched off
+    under xdist, where it would only warn once per worker; serial sessions block xdist."""
+    monkeypatch.setattr(val, "_module_present", lambda name: name in present)
+    parallel = val.pytest_command(val.RunSpec("main", ["unit"], [], 2), tmp_path / "p",
+                                  impl=None, quick=False)
+    serial = val.pytest_command(val.RunSpec("multigpu", ["multigpu"], [], None), tmp_path / "p",
+                                impl=None, quick=False)
+    joined = " ".join(parallel)
+    assert ("-n 2 --dist loadgroup" in joined) == ("xdist" in present)
+    assert ("-p no:benchmark" in joined) == ({"xdist", "pytest_benchmark"} <= present)
+    assert ("-p no:xdist" in " ".join(serial)) == ("xdist" in present)
+    assert "no:benchmark" not in " ".join(serial)

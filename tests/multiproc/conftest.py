@@ -13,7 +13,7 @@ from __future__ import annotations
 # --------------------------------------------------------------------------- ag_rs report
 def pytest_terminal_summary(terminalreporter):
     """Print how far ag_rs lands from the float64 oracle next to the A2A paths (recorded by
-    test_lse_reduce_multiproc.py::test_backends_agree_and_match_oracle)."""
+    test_backends.py::test_backends_agree_and_match_oracle)."""
     rows = []
     for rep in terminalreporter.stats.get("passed", []) + terminalreporter.stats.get("failed", []):
         for key, val in getattr(rep, "user_properties", []):

@@ -7,5 +7,5 @@ DCP all-to-all (the four contract functions; see docs/conformance.md).
 
 Each test carries a ``conformance`` marker, its tier's marker (unit, kernel, multiproc, numerics,
 gpu, multigpu) and a ``clause`` naming the part of the contract it checks (see
-:mod:`dcp_a2a.testing.clauses`).
+``CLAUSES`` in :mod:`dcp_a2a.testing.plugin`).
 """
