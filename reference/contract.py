@@ -18,15 +18,23 @@ dtype. ``lse_reduce`` runs one ``torch.distributed.all_to_all_single`` on
 ``group.device_group``; a group of one is a pass-through that touches no process group.
 
 Every step is a method of :class:`ReferenceContract`, so a variant (an engine adapter, or a
-deliberately broken mutant in ``tests/mutants/``) overrides one step and keeps the rest.
-Bad input raises ``ValueError``/``TypeError`` naming the problem before any collective.
+deliberately broken mutant in ``dcp_a2a/testing/mutants/``) overrides one step and keeps the
+rest. Bad input raises ``ValueError``/``TypeError`` naming the problem before any collective.
+
+Under CUDA graph capture every tensor a call creates is held for the life of the instance
+(:attr:`ReferenceContract.held_for_graphs`): a replay writes those intermediates again, and
+memory released after the capture goes back to the graph pool, where a later capture sharing
+the pool may place its own live buffers (the conformance tier's graphs clause).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 from .combine import sanitize_lse
 from . import wire
@@ -85,8 +93,54 @@ def _disjoint(dst_name, dst, **srcs):
                              "alias the tensors it is built from")
 
 
+def _capturing() -> bool:
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
+class _HoldEveryTensor(TorchDispatchMode):
+    """Appends every tensor an operator returns to ``held``: views and in-place results too
+    (a reference to a view keeps its whole allocation), views of the caller's tensors included,
+    which only lengthens their lives."""
+
+    def __init__(self, held: list):
+        super().__init__()
+        self.held = held
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        result = func(*args, **(kwargs or {}))
+        self.held.extend(t for t in tree_leaves(result) if isinstance(t, torch.Tensor))
+        return result
+
+
+def _held_under_capture(method):
+    """Run a public entry point holding, under CUDA graph capture, all it allocates (see the
+    module docstring). Eager calls are untouched. The outermost entry point holds: lse_reduce
+    calls pack_send and unpack_combine inside its own hold."""
+
+    @functools.wraps(method)
+    def entry(self, *args, **kwargs):
+        if self._holding or not _capturing():
+            return method(self, *args, **kwargs)
+        self._holding = True
+        try:
+            with _HoldEveryTensor(self.held_for_graphs):
+                return method(self, *args, **kwargs)
+        finally:
+            self._holding = False
+
+    return entry
+
+
 class ReferenceContract:
     """The contract as overridable steps. Module-level functions are bound to one instance."""
+
+    _holding = False  # inside a held entry point (set per instance)
+
+    @property
+    def held_for_graphs(self) -> list:
+        """Every tensor created by calls under CUDA graph capture; clear it only once the
+        graphs that captured them are gone."""
+        return self.__dict__.setdefault("_held_for_graphs", [])
 
     # ------------------------------------------------------------------- the wire format
     def lse_pack_dim(self, dtype: torch.dtype) -> int:
@@ -122,7 +176,7 @@ class ReferenceContract:
 
     def empty_rows(self, num_rows, seq_lens, query_start_loc, device) -> torch.Tensor:
         """Bool [B]: rows of requests with no local KV, and padding rows."""
-        return row_mask(num_rows, seq_lens, query_start_loc).to(device)
+        return row_mask(num_rows, seq_lens, query_start_loc, device)
 
     # ------------------------------------------------------------------- the merge
     def merge_weights(self, lses: torch.Tensor, is_lse_base_on_e: bool):
@@ -245,6 +299,7 @@ class ReferenceContract:
         return n, r
 
     # ------------------------------------------------------------------- the contract
+    @_held_under_capture
     def pack_send(self, out, lse, send, world_size, h_per_rank, head_dim, lse_pack_dim,
                   seq_lens=None, query_start_loc=None) -> None:
         """Write ``send[N, B, H/N, D+P]`` from ``out[B, H, D]`` and ``lse[B, H]``; rows masked
@@ -279,6 +334,7 @@ class ReferenceContract:
         lanes = self.lse_to_lanes(self.peer_major(lse32, world_size, hpr), send.dtype)
         send.view(_INT_OF_WIDTH[send.element_size()])[..., D:].copy_(lanes)
 
+    @_held_under_capture
     def unpack_combine(self, recv, head_dim, lse_pack_dim, return_lse, is_lse_base_on_e):
         """Merge ``recv[N, B, H/N, D+P]``: ``out[B, H/N, D]`` in recv's dtype, and with
         ``return_lse`` also ``lse[B, H/N]`` float32 (base 2 when not ``is_lse_base_on_e``)."""
@@ -300,6 +356,7 @@ class ReferenceContract:
         out = self.round_output(self.weighted_sum(w, recv[..., :head_dim]), recv.dtype)
         return (out, g.to(torch.float32)) if return_lse else out
 
+    @_held_under_capture
     def lse_reduce(self, out, lse, group, *, return_lse=False, is_lse_base_on_e=True,
                    seq_lens=None, query_start_loc=None):
         """Merge this rank's partial with its peers': ``out[B, H/N, D]`` for heads

@@ -39,9 +39,13 @@ def _lse_lanes(buf: torch.Tensor, head_dim: int) -> torch.Tensor:
     return fresh.view(torch.float32).squeeze(-1)
 
 
-def row_mask(num_rows: int, seq_lens, query_start_loc) -> torch.Tensor:
-    """Bool [B]: rows with no local KV (their request's seq_len is 0) or padding rows (before
-    ``query_start_loc[0]`` or from ``query_start_loc[-1]`` on).
+def row_mask(num_rows: int, seq_lens, query_start_loc, device=None) -> torch.Tensor:
+    """Bool [B] on the metadata's device (``device``, default CPU, without metadata): rows with
+    no local KV (their request's seq_len is 0) or padding rows (before ``query_start_loc[0]``
+    or from ``query_start_loc[-1]`` on).
+
+    No host synchronisation (the search runs on the metadata's device, its trip count comes
+    from shapes), so the contract's pack can be captured in a CUDA graph like the kernels'.
 
     The request of row b is found by the binary search the kernels run: with the contract's
     precondition (query_start_loc non-decreasing) it is the last s with
@@ -49,15 +53,15 @@ def row_mask(num_rows: int, seq_lens, query_start_loc) -> torch.Tensor:
     same decisions, so the two implementations agree on every input.
     """
     if seq_lens is None:
-        return torch.zeros(num_rows, dtype=torch.bool)
-    qsl = query_start_loc.to("cpu", torch.int64)
-    sl = seq_lens.to("cpu", torch.int64)
+        return torch.zeros(num_rows, dtype=torch.bool, device=device)
+    qsl = query_start_loc.to(torch.int64)
+    sl = seq_lens.to(qsl.device, torch.int64)
     n = sl.numel()
-    rows = torch.arange(num_rows)
+    rows = torch.arange(num_rows, device=qsl.device)
     if n == 0:  # no request: every row is padding
-        return torch.ones(num_rows, dtype=torch.bool)
-    lo = torch.zeros(num_rows, dtype=torch.int64)
-    hi = torch.full((num_rows,), n - 1, dtype=torch.int64)
+        return torch.ones(num_rows, dtype=torch.bool, device=qsl.device)
+    lo = torch.zeros(num_rows, dtype=torch.int64, device=qsl.device)
+    hi = torch.full((num_rows,), n - 1, dtype=torch.int64, device=qsl.device)
     for _ in range(0 if n <= 1 else math.ceil(math.log2(n))):
         mid = (lo + hi + 1) // 2
         go = qsl[mid] <= rows
@@ -79,7 +83,7 @@ def pack_send(out, lse, send, world_size, h_per_rank, head_dim, lse_pack_dim,
                          f"{send.dtype}")
     send[..., :D].copy_(out.unflatten(1, (world_size, h_per_rank)).transpose(0, 1))
     lse32 = lse.to(torch.float32).clone()
-    lse32[row_mask(B, seq_lens, query_start_loc).to(lse32.device)] = -math.inf
+    lse32.masked_fill_(row_mask(B, seq_lens, query_start_loc, lse32.device)[:, None], -math.inf)
     lse_wire = lse32.unflatten(1, (world_size, h_per_rank)).transpose(0, 1).contiguous()
     int_t = torch.int16 if send.element_size() == 2 else torch.int32
     send.view(int_t)[..., D:].copy_(lse_wire.view(int_t).view(*lse_wire.shape, -1))

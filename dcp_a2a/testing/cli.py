@@ -12,6 +12,8 @@ import sys
 import time
 from pathlib import Path
 
+from .gpucheck import STEPS as GPU_CHECK_STEPS
+
 # exit statuses of ``validate``
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_NOT_RUN, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 
@@ -89,17 +91,22 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("pytest_args", nargs=argparse.REMAINDER, metavar="-- PYTEST_ARGS",
                    help="extra arguments for pytest after --, e.g. -- -k pack -x")
     g = sub.add_parser(
-        "gpu-check", help="before merging, on a GPU machine: validate, the NCCL accuracy job "
-                          "on every GPU and a quick benchmark; one exit status, one summary",
-        description="Run `dcp-a2a validate` (every tier this machine supports), the accuracy "
-                    "job on every visible GPU over NCCL, and a quick kernel benchmark; write "
-                    "DIR/gpu-check.md and print one summary. Exit status: 0 all passed, 1 a "
-                    "step failed, 3 no CUDA GPU here.")
+        "gpu-check", help="before merging, on a GPU machine: validate, the self-check, the "
+                          "NCCL accuracy job on every GPU and a quick benchmark; one exit "
+                          "status, one summary",
+        description="Run `dcp-a2a validate` (every tier this machine supports), the self-check "
+                    "(every mutant killed with the kernels compiled; the reference contract "
+                    "passing), the accuracy job on every visible GPU over NCCL, and a quick "
+                    "kernel benchmark; write DIR/gpu-check.md and print one summary. Exit "
+                    "status: 0 all passed, 1 a step failed, 3 no CUDA GPU here.")
     g.add_argument("--out", type=Path, default=Path("gpu-check"), metavar="DIR",
                    help="report directory (default ./gpu-check)")
     g.add_argument("-j", "--workers", type=_workers, default=None, metavar="N",
-                   help="pytest-xdist workers for the validate step (default 8 on a GPU "
-                        "machine)")
+                   help="pytest-xdist workers for the validate step and the self-check's "
+                        "contract run (default 8 on a GPU machine)")
+    g.add_argument("--skip", nargs="+", choices=GPU_CHECK_STEPS, metavar="STEP",
+                   help=f"leave out steps ({', '.join(GPU_CHECK_STEPS)}); the summary names "
+                        "them and never reads as a full pass")
     return p
 
 

@@ -35,6 +35,8 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from .validate import xdist_args
+
 CORRECT = ("dcp_a2a", "dcp_a2a.reference.contract")
 MUTANTS_PACKAGE = "dcp_a2a.testing.mutants"
 _INTERRUPTED = "no result reported"
@@ -227,10 +229,7 @@ def run_one(spec: str, kind: str, *, root: Path, jobs: int, timeout: float, work
     cmd = [sys.executable, "-m", "pytest", "-m", marker, "--impl", spec, "-q",
            "-p", "no:cacheprovider", "-p", "dcp_a2a.testing.recorder",
            "--dcp-report", str(prefix), "--continue-on-collection-errors"]
-    if jobs > 1:
-        cmd += ["-n", str(jobs)]
-    else:
-        cmd += ["-p", "no:xdist"]
+    cmd += xdist_args(jobs if jobs > 1 else None)
     if kind == "mutant":
         cmd.append("-x")
     cmd += paths

@@ -259,17 +259,25 @@ def pytest_command(spec: RunSpec, prefix: Path, *, impl: str | None, quick: bool
         cmd += ["--dcp-quick"]
     if impl:
         cmd += ["--impl", impl]
-    if spec.workers not in (None, 0, "0"):
-        if _module_present("xdist"):
-            # loadgroup: the tests of one pool of ranks (xdist_group "rank_pool") share a worker
-            cmd += ["-n", str(spec.workers), "--dist", "loadgroup"]
-            if _module_present("pytest_benchmark"):
-                # the suite times nothing (speed is the bench's); under xdist pytest-benchmark,
-                # common on GPU images, only warns, once per worker, at the top of the log
-                cmd += ["-p", "no:benchmark"]
-    else:
-        cmd += ["-p", "no:xdist"] if _module_present("xdist") else []
-    return cmd + list(extra)
+    return cmd + xdist_args(spec.workers) + list(extra)
+
+
+def xdist_args(workers) -> list[str]:
+    """pytest options for a session spread over ``workers`` pytest-xdist workers (an int or
+    ``"auto"``; None or 0: one process). Without xdist installed the session runs in one
+    process either way. Every pytest session the harness starts (validate, the self-check)
+    takes its worker options from here."""
+    if not _module_present("xdist"):
+        return []
+    if workers in (None, 0, "0"):
+        return ["-p", "no:xdist"]
+    # loadgroup: the tests of one pool of ranks (xdist_group "rank_pool") share a worker
+    args = ["-n", str(workers), "--dist", "loadgroup"]
+    if _module_present("pytest_benchmark"):
+        # the suite times nothing (speed is the bench's); under xdist pytest-benchmark, common
+        # on GPU images, only warns, once per worker, at the top of the log
+        args += ["-p", "no:benchmark"]
+    return args
 
 
 def _read_jsonl(path: Path, offset: int) -> tuple[list[dict], int]:

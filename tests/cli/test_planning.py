@@ -147,3 +147,22 @@ def test_pytest_command_workers_and_foreign_plugins(monkeypatch, tmp_path, prese
     assert ("-p no:benchmark" in joined) == ({"xdist", "pytest_benchmark"} <= present)
     assert ("-p no:xdist" in " ".join(serial)) == ("xdist" in present)
     assert "no:benchmark" not in " ".join(serial)
+
+
+@pytest.mark.parametrize("jobs", [1, 3])
+def test_selfcheck_sessions_take_the_same_worker_options(monkeypatch, tmp_path, jobs):
+    """The self-check's pytest sessions are spread over workers as validate's are (loadgroup,
+    so that one pool of ranks serves its tests; -p no:xdist for one process)."""
+    from dcp_a2a.testing import selfcheck
+
+    monkeypatch.setattr(val, "_module_present", lambda name: name in {"xdist", "pytest_benchmark"})
+    monkeypatch.setattr(selfcheck, "_forkable", lambda: False)
+    seen = []
+    monkeypatch.setattr(selfcheck, "_pytest_subprocess",
+                        lambda cmd, *a: (seen.append(cmd), (0, False))[1])
+    selfcheck.run_one("dcp_a2a", "correct", root=tmp_path, jobs=jobs, timeout=1,
+                      workdir=tmp_path, paths=[], marker="conformance")
+    (cmd,) = seen
+    expected = val.xdist_args(jobs if jobs > 1 else None)
+    assert " ".join(expected) in " ".join(cmd)
+    assert ("--dist loadgroup" in " ".join(cmd)) == (jobs > 1)

@@ -112,11 +112,19 @@ def test_non_contiguous_inputs(impl, device, dtype):
 
 @pytest.mark.clause("bad input")  # overrides the module's clause
 @pytest.mark.parametrize("offset", [0, 24], ids=["send_at_out", "send_before_out"])
-def test_staging_buffer_overlapping_out(impl, device, offset):
+@pytest.mark.parametrize("b", [4, 8192], ids=["one_wave", "many_waves"])
+def test_staging_buffer_overlapping_out(impl, device, b, offset):
     """A send buffer carved from the same memory as the attention output it packs (a shipped
     bug: the pack overwrote its own input). The implementation must refuse it with a
-    ValueError, or else produce exactly the right bytes; silently corrupted bytes fail."""
-    n, b, h, d = 2, 4, 4, 8
+    ValueError, or else produce exactly the right bytes; silently corrupted bytes fail.
+
+    ``many_waves``: on a GPU the few programs of a small launch run at once, each loading its
+    rows before any stores, so an unchecked in-place pack can come out right by timing (it
+    did: the self-check's mutant survived there). Thousands of tokens are dispatched in waves,
+    and the programs of the first write peer 1's slice over the rows, half the buffer on,
+    that a later wave reads. (Refusing costs nothing at any size; the Triton interpreter runs
+    programs one after another, so there the small launch shows the bug already.)"""
+    n, h, d = 2, 4, 8
     dtype = torch.float16
     outs, lses = partials(1, b, h, d, dtype, seed=21, device=device)
     p = pack_dim(dtype)

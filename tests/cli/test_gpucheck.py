@@ -1,0 +1,55 @@
+"""CLI tier: gpu-check's summary and its self-check step, without a GPU (the step's command
+is faked; on a GPU machine the real one runs in `dcp-a2a gpu-check`)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from dcp_a2a.testing import gpucheck
+
+pytestmark = pytest.mark.unit
+
+
+def _fake_selfcheck(runs, code):
+    def run(cmd, log, env):
+        report = cmd[cmd.index("--json") + 1]
+        with open(report, "w") as fh:
+            json.dump({"runs": runs, "ok": code == 0, "seconds": 1.0}, fh)
+        return code, 1.0
+    return run
+
+
+def _mutant(name, verdict):
+    return {"spec": f"dcp_a2a.testing.mutants.{name}", "kind": "mutant", "verdict": verdict,
+            "passed": 0, "failed": int(verdict == "killed")}
+
+
+def test_selfcheck_step_names_survivors_and_the_contract(monkeypatch, tmp_path):
+    runs = [{"spec": "dcp_a2a.reference.contract", "kind": "correct", "verdict": "pass",
+             "passed": 387, "failed": 0},
+            _mutant("a", "killed"), _mutant("b", "SURVIVED"), _mutant("c", "not run")]
+    seen = []
+    monkeypatch.setattr(gpucheck, "_run",
+                        lambda cmd, log, env: (seen.append(cmd), _fake_selfcheck(runs, 1)(
+                            cmd, log, env))[1])
+    step = gpucheck.selfcheck_step(tmp_path, 4, {})
+    assert step.status == "failed"
+    assert step.detail == ("1/3 mutants killed (1 need more GPUs: not run); "
+                           "dcp_a2a.reference.contract pass (387 passed, 0 failed); b SURVIVED")
+    (cmd,) = seen
+    # the project's own implementation is judged by the validate step; the contract here
+    assert cmd[cmd.index("--correct") + 1] == "dcp_a2a.reference.contract"
+    assert cmd[cmd.index("--jobs") + 1] == "4"
+
+
+def test_a_skipped_step_never_reads_as_a_full_pass():
+    steps = [gpucheck.Step("validate", "passed", 1.0, "unit 1/1"),
+             gpucheck.Step("selfcheck", "skipped", 0.0, "--skip")]
+    text = gpucheck.summary(steps, "a machine")
+    assert text.endswith("gpu-check: PASS (of the steps run; skipped: selfcheck)")
+    steps.append(gpucheck.Step("bench", "failed", 1.0, ""))
+    assert gpucheck.summary(steps, "a machine").endswith(
+        "gpu-check: FAIL (of the steps run; skipped: selfcheck)")
+    assert gpucheck.summary(steps[:1], "m").endswith("gpu-check: PASS")
