@@ -113,28 +113,21 @@ class _HoldEveryTensor(TorchDispatchMode):
 
 
 def _held_under_capture(method):
-    """Run a public entry point holding, under CUDA graph capture, all it allocates (see the
-    module docstring). Eager calls are untouched. The outermost entry point holds: lse_reduce
-    calls pack_send and unpack_combine inside its own hold."""
+    """Run a kernel-like entry point (pack_send, unpack_combine) holding, under CUDA graph
+    capture, all it allocates (see the module docstring). Eager calls are untouched."""
 
     @functools.wraps(method)
     def entry(self, *args, **kwargs):
-        if self._holding or not _capturing():
+        if not _capturing():
             return method(self, *args, **kwargs)
-        self._holding = True
-        try:
-            with _HoldEveryTensor(self.held_for_graphs):
-                return method(self, *args, **kwargs)
-        finally:
-            self._holding = False
+        with _HoldEveryTensor(self.held_for_graphs):
+            return method(self, *args, **kwargs)
 
     return entry
 
 
 class ReferenceContract:
     """The contract as overridable steps. Module-level functions are bound to one instance."""
-
-    _holding = False  # inside a held entry point (set per instance)
 
     @property
     def held_for_graphs(self) -> list:
@@ -356,7 +349,6 @@ class ReferenceContract:
         out = self.round_output(self.weighted_sum(w, recv[..., :head_dim]), recv.dtype)
         return (out, g.to(torch.float32)) if return_lse else out
 
-    @_held_under_capture
     def lse_reduce(self, out, lse, group, *, return_lse=False, is_lse_base_on_e=True,
                    seq_lens=None, query_start_loc=None):
         """Merge this rank's partial with its peers': ``out[B, H/N, D]`` for heads
@@ -372,6 +364,10 @@ class ReferenceContract:
         self.pack_send(out, lse, send, n, hpr, D, p, seq_lens=seq_lens,
                        query_start_loc=query_start_loc)
         recv = self.exchange(send, group)
+        if _capturing():
+            # the wire buffers are this call's allocations too; the collective itself runs
+            # outside any hold (pack_send and unpack_combine hold their own)
+            self.held_for_graphs.extend((send, recv))
         return self.unpack_combine(recv, D, p, return_lse, is_lse_base_on_e)
 
     def functions(self):

@@ -28,7 +28,7 @@ def test_under_capture_every_tensor_a_call_creates_is_held(monkeypatch):
     # intermediates, not only the results: the wire buffer and the float64 weighted sum
     assert any(t.shape == (1, 3, 4, 10) and t.dtype == torch.bfloat16 for t in held)
     assert any(t.shape == (3, 4, 8) and t.dtype == torch.float64 for t in held)
-    # one hold per call: pack_send and unpack_combine run inside lse_reduce's
+    # what one call holds does not depend on the calls before it
     per_call = len(held)
     impl.lse_reduce(outs[0], lses[0], Group(1, 0, None), return_lse=True)
     assert len(held) == 2 * per_call
