@@ -91,10 +91,13 @@ def validate_step(out: Path, workers) -> Step:
 
 
 def selfcheck_step(out: Path, workers, env: dict) -> Step:
+    from .validate import GPU_WORKERS
+
     step = Step("self-check")
     report = out / "selfcheck.json"
     log = out / "selfcheck.log"
-    jobs = workers if isinstance(workers, int) and workers > 0 else 8
+    # -j as the validate step takes it (0: one process; unset or auto: validate's GPU default)
+    jobs = max(1, workers if isinstance(workers, int) else min(GPU_WORKERS, os.cpu_count() or 1))
     # mutant runs stop at their first failure: mostly start-up (a CUDA context each), so several
     # at once; the contract's full run gets the validate step's workers
     parallel = max(1, min(6, (os.cpu_count() or 2) // 2))

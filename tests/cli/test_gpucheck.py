@@ -12,15 +12,6 @@ from dcp_a2a.testing import gpucheck
 pytestmark = pytest.mark.unit
 
 
-def _fake_selfcheck(runs, code):
-    def run(cmd, log, env):
-        report = cmd[cmd.index("--json") + 1]
-        with open(report, "w") as fh:
-            json.dump({"runs": runs, "ok": code == 0, "seconds": 1.0}, fh)
-        return code, 1.0
-    return run
-
-
 def _mutant(name, verdict):
     return {"spec": f"dcp_a2a.testing.mutants.{name}", "kind": "mutant", "verdict": verdict,
             "passed": 0, "failed": int(verdict == "killed")}
@@ -31,9 +22,14 @@ def test_selfcheck_step_names_survivors_and_the_contract(monkeypatch, tmp_path):
              "passed": 387, "failed": 0},
             _mutant("a", "killed"), _mutant("b", "SURVIVED"), _mutant("c", "not run")]
     seen = []
-    monkeypatch.setattr(gpucheck, "_run",
-                        lambda cmd, log, env: (seen.append(cmd), _fake_selfcheck(runs, 1)(
-                            cmd, log, env))[1])
+
+    def fake_run(cmd, log, env):  # the self-check's report of a run where b survived
+        seen.append(cmd)
+        with open(cmd[cmd.index("--json") + 1], "w") as fh:
+            json.dump({"runs": runs, "ok": False, "seconds": 1.0}, fh)
+        return 1, 1.0
+
+    monkeypatch.setattr(gpucheck, "_run", fake_run)
     step = gpucheck.selfcheck_step(tmp_path, 4, {})
     assert step.status == "failed"
     assert step.detail == ("1/3 mutants killed (1 need more GPUs: not run); "

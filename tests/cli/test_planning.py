@@ -158,8 +158,12 @@ def test_selfcheck_sessions_take_the_same_worker_options(monkeypatch, tmp_path, 
     monkeypatch.setattr(val, "_module_present", lambda name: name in {"xdist", "pytest_benchmark"})
     monkeypatch.setattr(selfcheck, "_forkable", lambda: False)
     seen = []
-    monkeypatch.setattr(selfcheck, "_pytest_subprocess",
-                        lambda cmd, *a: (seen.append(cmd), (0, False))[1])
+
+    def started(cmd, *args):  # what the self-check would run, instead of running it
+        seen.append(cmd)
+        return 0, False
+
+    monkeypatch.setattr(selfcheck, "_pytest_subprocess", started)
     selfcheck.run_one("dcp_a2a", "correct", root=tmp_path, jobs=jobs, timeout=1,
                       workdir=tmp_path, paths=[], marker="conformance")
     (cmd,) = seen
