@@ -10,8 +10,9 @@ bug classes that reached engines after the packed all-to-all shipped.
     staging_next_to_inputs   the partials carved from one workspace as engines carve them (out,
                              then lse, then other live data), also right after a previous call's
                              results were freed: inputs and neighbours untouched, results right
-    streams_and_delay        back-to-back calls on two CUDA streams; then one rank delayed by a
-                             spin kernel before its call: results right
+    streams_and_delay        calls on two CUDA streams queued behind one gate, so they run at
+                             once; then one rank delayed by a spin kernel before its call:
+                             results right
 
 Each scenario runs on one rank of a group (a group of one on one GPU, or an NCCL group), makes
 every rank's partials from seeds (so each rank can build the float64 oracle of its heads), and
@@ -33,6 +34,8 @@ SCENARIOS = ("capture_grow_replay", "pool_shuffled_replays", "staging_next_to_in
 CUDA_ONLY = ("capture_grow_replay", "pool_shuffled_replays", "streams_and_delay")
 H, D = 8, 96            # heads (any N in {1, 2, 4, 8} divides them) and a head dim of 96
 DTYPE = torch.bfloat16
+STREAM_ROWS = 2048        # rows of each call of streams_and_delay
+GATE_SPIN_CYCLES = 20_000_000  # ~10 ms: long enough to queue both calls behind the gate
 
 
 def partials(n: int, b: int, seed: int, device, dtype=DTYPE):
@@ -187,20 +190,31 @@ def staging_next_to_inputs(impl, group, rank: int, n: int, device) -> list[str]:
     return chk.failures
 
 
-def streams_and_delay(impl, group, rank: int, n: int, device) -> list[str]:
+def streams_and_delay(impl, group, rank: int, n: int, device, b: int = STREAM_ROWS
+                      ) -> list[str]:
     chk = Checker("streams_and_delay", rank, n)
-    s1, s2 = torch.cuda.Stream(device), torch.cuda.Stream(device)
+    hold, s1, s2 = (torch.cuda.Stream(device) for _ in range(3))
     for step in range(8):
-        a_o, a_l = partials(n, 2048, 600 + step, device)
-        b_o, b_l = partials(n, 2048, 700 + step, device)
+        a_o, a_l = partials(n, b, 600 + step, device)
+        b_o, b_l = partials(n, b, 700 + step, device)
         torch.cuda.synchronize()
+        # Both streams wait on one gate that opens after a spin, so the two calls are queued in
+        # full before either runs and then run at once. Without the gate the first call's
+        # kernels are done before the second is launched and two streams sharing one staging
+        # pair come out right.
+        gate = torch.cuda.Event()
+        with torch.cuda.stream(hold):
+            torch.cuda._sleep(GATE_SPIN_CYCLES)
+            gate.record(hold)
+        s1.wait_event(gate)
+        s2.wait_event(gate)
         with torch.cuda.stream(s1):
             ra = _call(impl, group, a_o[rank], a_l[rank])
         with torch.cuda.stream(s2):
             rb = _call(impl, group, b_o[rank], b_l[rank])
         torch.cuda.synchronize()
-        chk.result(f"call {step + 1} on stream 1", ra, a_o, a_l)
-        chk.result(f"call {step + 1} on stream 2", rb, b_o, b_l)
+        chk.result(f"call {step + 1} on stream 1 (B={b})", ra, a_o, a_l)
+        chk.result(f"call {step + 1} on stream 2 (B={b})", rb, b_o, b_l)
     for step in range(4):
         o, lse = partials(n, 256, 800 + step, device)
         if rank == step % max(n, 1):

@@ -1,7 +1,8 @@
 """Buffer lifetimes under CUDA graphs and streams, for any implementation (the scenarios of
 dcp_a2a.testing.graphs): on one GPU (a group of one: the exchange is the identity, the buffers
 are real) and on an NCCL group of 2 ranks. The mutant corpus holds one broken implementation
-per scenario class (graph_buffer_regrows, graph_output_shared, staging_carved_next_to_inputs);
+per scenario class (graph_buffer_regrows, graph_output_shared, staging_carved_next_to_inputs,
+staging_shared_across_streams);
 the self-check shows each is killed here on a GPU machine."""
 
 from __future__ import annotations
