@@ -61,8 +61,7 @@ class StagingBuffers:
         """A contiguous scratch tensor of ``shape`` for ``tag``; never overlapping ``avoid``.
 
         Eager: a view of the grow-only buffer for (device, current stream, dtype, tag). While the
-        current stream
-        is capturing: a fresh tensor pinned by this owner. If the eager buffer overlaps one of the
+        current stream is capturing: a fresh tensor pinned by this owner. If the eager buffer overlaps one of the
         ``avoid`` tensors (a caller's input that lives in memory this owner handed out), a
         dedicated tensor is returned instead of corrupting that input.
         """
@@ -75,7 +74,7 @@ class StagingBuffers:
             with self._lock:
                 self._captured.append(t)
             return t
-        key = (device, _stream_key(device), dtype, tag)
+        key = self._eager_key(device, dtype, tag)
         with self._lock:
             flat = self._eager.get(key)
             if flat is None or flat.numel() < numel:
@@ -85,6 +84,11 @@ class StagingBuffers:
         if any(_overlaps(view, a) for a in avoid if a is not None):
             return torch.empty(shape, dtype=dtype, device=device)
         return view
+
+    def _eager_key(self, device: torch.device, dtype: torch.dtype, tag: str) -> tuple:
+        # the stream belongs in the key: two streams' calls in flight at once must not share
+        # one pair (one stream's pack would overwrite what the other's combine still reads)
+        return (device, _stream_key(device), dtype, tag)
 
     def wire_pair(self, shape, dtype: torch.dtype, device, tag: str = "wire", avoid=()):
         """A (send, recv) pair of ``shape``: contiguous, disjoint, not aliasing ``avoid``."""
