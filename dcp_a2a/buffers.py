@@ -60,10 +60,10 @@ class StagingBuffers:
     def get(self, shape, dtype: torch.dtype, device, tag: str, avoid=()) -> torch.Tensor:
         """A contiguous scratch tensor of ``shape`` for ``tag``; never overlapping ``avoid``.
 
-        Eager: a view of the grow-only buffer for (device, current stream, dtype, tag). While the
-        current stream is capturing: a fresh tensor pinned by this owner. If the eager buffer overlaps one of the
-        ``avoid`` tensors (a caller's input that lives in memory this owner handed out), a
-        dedicated tensor is returned instead of corrupting that input.
+        Eager: a view of the grow-only buffer for (device, current stream, dtype, tag). While
+        the current stream is capturing: a fresh tensor pinned by this owner. If the eager
+        buffer overlaps one of the ``avoid`` tensors (a caller's input that lives in memory this
+        owner handed out), a dedicated tensor is returned instead of corrupting that input.
         """
         device = torch.device(device)
         numel = 1
