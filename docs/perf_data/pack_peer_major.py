@@ -1,0 +1,106 @@
+"""Pack in the wire's own order (docs/perf.md, fourteenth pass): at the grid's fp32 D=512 points
+from 16k to 131k rows (B <= 1024), the row kernel on a peer-major grid (peer, token, head
+block), so that programs dispatched one after another write one run of consecutive wire bytes
+(the table's head-major grid has them read consecutive bytes and write N runs, one a peer), at
+1, 2 or 4 heads a program x 1, 2 or 4 warps, vector or lane loads; next to the table, the
+straightforward kernel, ``copy_`` of the same bytes and the best plain Triton copy of the eighth
+pass (1024 words a program, 4 warps). Interleaved rounds; every pack's wire bytes are checked
+against the straightforward kernel's, and the copies' against their source, first.
+
+    python docs/perf_data/pack_peer_major.py OUT.json [ROUNDS] [MIN_ROWS MAX_ROWS]
+        (on a GPU; PYTHONPATH=. from the checkout; --check: the kernel's bytes on small shapes,
+        which Triton's interpreter can run)
+"""
+import json, statistics, sys
+import torch
+import triton
+import triton.language as tl
+from dcp_a2a.kernels.pack import write_rows
+from dcp_a2a.testing import straightforward as sf
+
+
+@triton.jit
+def _pack_peer_major_kernel(out_ptr, lse_ptr, send_ptr, B, HPR: tl.constexpr, D,
+                            s_ob, s_oh, s_lb, s_lh, P: tl.constexpr, BLOCK_H: tl.constexpr,
+                            BLOCK_D: tl.constexpr, LANE_LOADS: tl.constexpr):
+    # program (head block, token, peer): dispatched first axis first, so in wire order
+    j = tl.program_id(0).to(tl.int64) * BLOCK_H + tl.arange(0, BLOCK_H)
+    b = tl.program_id(1).to(tl.int64)
+    n = tl.program_id(2).to(tl.int64)
+    row = ((n * B + b) * HPR + j) * (D + P)
+    write_rows(out_ptr, lse_ptr, send_ptr + row, out_ptr, out_ptr, b, n * HPR + j, j < HPR,
+               D, 0, 0, s_ob, s_oh, 1, s_lb, s_lh, P, False, BLOCK_D, False, BLOCK_D >= D,
+               LANE_LOADS)
+
+
+def pack_peer_major(out, lse, send, heads, warps, lane_loads):
+    """fp32 ``out[B, H, D]`` (unit lane stride), ``lse[B, H]`` -> ``send[N, B, H/N, D+1]``."""
+    B, H, D = out.shape
+    N, _, hpr, lanes = send.shape
+    src, dst = out.view(torch.int32), send.view(torch.int32)
+    grid = (triton.cdiv(hpr, heads), B, N)
+    return lambda: _pack_peer_major_kernel[grid](
+        src, lse, dst, B, hpr, D, src.stride(0), src.stride(1), lse.stride(0), lse.stride(1),
+        P=lanes - D, BLOCK_H=heads, BLOCK_D=triton.next_power_of_2(D), LANE_LOADS=lane_loads,
+        num_warps=warps)
+
+
+def variants(out, lse, send):
+    return {f"pm{heads}x{warps}" + "_lane" * lane: pack_peer_major(out, lse, send, heads, warps,
+                                                                   lane)
+            for heads in (1, 2, 4) for warps in (1, 2, 4) for lane in (False, True)}
+
+
+def self_check():
+    """The peer-major kernel's bytes against the straightforward pack's, on shapes the
+    interpreter runs in seconds (fp32; D a power of two and not)."""
+    for b, h, n, d in ((3, 8, 2, 64), (2, 16, 4, 80), (1, 4, 4, 32)):
+        out = torch.randn(b, h, d)
+        lse = torch.randn(b, h) * 4
+        ref = torch.full((n, b, h // n, d + 1), float("nan"))
+        sf.pack(out, lse, ref)
+        for name, fn in variants(out, lse, send := torch.full_like(ref, float("nan"))).items():
+            send.view(torch.int32).fill_(-1)
+            fn()
+            assert torch.equal(send.view(torch.int32), ref.view(torch.int32)), (name, b, h, n, d)
+    print("peer-major pack: bytes equal to the straightforward kernel's")
+
+
+def main():
+    from copy_roofline import triton_copy
+    from _rounds import check_bytes, copy_pair, fp32_d512_points, packs, point_runs
+    from dcp_a2a.testing.bench import copy_bandwidth, timed_rounds
+
+    a = sys.argv
+    rounds = int(a[2]) if len(a) > 2 else 3
+    lo, hi = (int(a[3]), int(a[4])) if len(a) > 4 else (16384, 131072)
+    copy = copy_bandwidth(1 << 30)
+    pts = [p for p in fp32_d512_points(lo) if p[0] * p[1] <= hi and p[0] <= 1024]
+    rows = []
+    for pt, (p, hpr, out, lse, send, nbytes, ref) in point_runs(pts, 0, float("inf")):
+        v = {**packs(out, lse, send, hpr), **variants(out, lse, send)}
+        check_bytes(v, send, ref, pt)
+        c_src, c_dst = copy_pair(nbytes)
+        copies = {"copy_": lambda: c_dst.copy_(c_src), "tl1024x4": triton_copy(c_src, c_dst, 1024, 4)}
+        check_bytes(copies, c_dst, c_src.view(torch.uint8), pt)
+        v.update(copies)
+        med, times, method = timed_rounds(v, nbytes, rounds)
+        best = min((k for k in med if k.startswith("pm")), key=med.get)
+        rows.append(dict(point=list(pt), rows=pt[0] * pt[1], median_us=med, rounds=times,
+                         method=method, best_pm=best))
+        c = med["copy_"]
+        print(f"{pt} rows {pt[0] * pt[1]}: sf {med['sf'] / c:.3f} table {med['table'] / c:.3f} "
+              f"{best} {med[best] / c:.3f} tl1024x4 {med['tl1024x4'] / c:.3f} (x copy_ "
+              f"{c:.2f} us) | table/sf {med['table'] / med['sf']:.3f} {best}/sf "
+              f"{med[best] / med['sf']:.3f} target/copy_ {0.95 * med['sf'] / c:.3f}", flush=True)
+        json.dump(dict(device=torch.cuda.get_device_name(), copy_gbps=copy, rounds=rounds,
+                       points=rows), open(a[1], "w"), indent=1)
+    names = [k for k in rows[0]["median_us"] if k != "sf"]
+    q = {k: [r["median_us"][k] / r["median_us"]["sf"] for r in rows] for k in names}
+    for k in sorted(names, key=lambda k: statistics.median(q[k])):
+        print(f"{k:>12}: x sf median {statistics.median(q[k]):.3f} worst {max(q[k]):.3f}; "
+              f"x table median {statistics.median(r['median_us'][k] / r['median_us']['table'] for r in rows):.3f}")
+
+
+if __name__ == "__main__":
+    self_check() if sys.argv[1:2] == ["--check"] else main()
