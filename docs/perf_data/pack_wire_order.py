@@ -1,13 +1,24 @@
-"""Pack in the wire's own order (docs/perf.md, fourteenth pass): at the grid's fp32 D=512 points
-from 16k to 131k rows (B <= 1024), the row kernel on a peer-major grid (peer, token, head
-block), so that programs dispatched one after another write one run of consecutive wire bytes
-(the table's head-major grid has them read consecutive bytes and write N runs, one a peer), at
-1, 2 or 4 heads a program x 1, 2 or 4 warps, vector or lane loads; next to the table, the
-straightforward kernel, ``copy_`` of the same bytes and the best plain Triton copy of the eighth
-pass (1024 words a program, 4 warps). Interleaved rounds; every pack's wire bytes are checked
-against the straightforward kernel's, and the copies' against their source, first.
+"""Pack in the wire's own order (docs/perf.md, fourteenth pass), at the grid's fp32 D=512 points
+from 16k to 131k rows (B <= 1024), two ways:
 
-    python docs/perf_data/pack_peer_major.py OUT.json [ROUNDS] [MIN_ROWS MAX_ROWS]
+* ``pm{heads}x{warps}[_lane]``: the row kernel on a peer-major grid (peer, token, head block),
+  so that programs dispatched one after another write one run of consecutive wire bytes (the
+  table's head-major grid has them read consecutive bytes and write N runs, one a peer), at 1,
+  2 or 4 heads a program x 1, 2 or 4 warps, vector or lane loads;
+* ``flat{words}x{warps}[_v4]``: a program writes ``words`` consecutive words of the wire
+  (aligned), each gathered from ``out`` or the LSE where it belongs. A warp's store is then 32
+  consecutive words on a 128-byte boundary (four whole 32-byte sectors, as a copy's; a wire row
+  of 513 words puts the row kernel's on no such boundary: five sectors, two in part), and its
+  load 32 consecutive words of ``out`` shifted by a word a head, which L1 serves. ``_v4``: the
+  compiler's own layout, 16-byte stores and four one-word loads a thread (the ninth pass's
+  gathered stores lost in that layout).
+
+Next to them the table, the straightforward kernel, ``copy_`` of the same bytes and the best plain
+Triton copy of the eighth pass (1024 words a program, 4 warps). Interleaved rounds; every pack's
+wire bytes are checked against the straightforward kernel's, and the copies' against their
+source, first.
+
+    python docs/perf_data/pack_wire_order.py OUT.json [ROUNDS] [MIN_ROWS MAX_ROWS]
         (on a GPU; PYTHONPATH=. from the checkout; --check: the kernel's bytes on small shapes,
         which Triton's interpreter can run)
 """
@@ -45,16 +56,62 @@ def pack_peer_major(out, lse, send, heads, warps, lane_loads):
         num_warps=warps)
 
 
+@triton.jit
+def _pack_flat_kernel(out_ptr, lse_ptr, send_ptr, B, total, s_ob, s_oh, s_lb, s_lh,
+                      HPR: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr,
+                      V4: tl.constexpr):
+    w0 = tl.program_id(0) * BLOCK
+    w = w0 + tl.arange(0, BLOCK)
+    if not V4:
+        # hide the run from the compiler: one word a thread, a warp's 32 on consecutive lanes
+        w = tl.max_contiguous(tl.multiple_of(w, 1), 1)
+    ok = w < total
+    row = w // (D + 1)                 # wire row (peer, token, head of the peer)
+    c = w - row * (D + 1)              # lane in it: D data lanes, then the LSE
+    nb = row // HPR
+    j = row - nb * HPR
+    # token and peer of each word from the block's first (a block spans at most one token
+    # more: BLOCK <= HPR * (D + 1)), so no run-time division by B a word
+    nb0 = (w0 // (D + 1)) // HPR
+    n0 = nb0 // B
+    b = nb0 - n0 * B + (nb - nb0)
+    wrap = b >= B
+    b = tl.where(wrap, b - B, b)
+    h = (n0 + wrap.to(tl.int32)) * HPR + j
+    data = c < D
+    x = tl.load(out_ptr + b * s_ob + h * s_oh + c, mask=ok & data)
+    lse = tl.load(lse_ptr + b * s_lb + h * s_lh, mask=ok & (c == D))
+    tl.store(send_ptr + w, tl.where(data, x, lse.to(tl.int32, bitcast=True)), mask=ok)
+
+
+def pack_flat(out, lse, send, words, warps, v4):
+    """As ``pack_peer_major``; every offset below 2^31 words."""
+    B, H, D = out.shape
+    N, _, hpr, lanes = send.shape
+    if lanes != D + 1 or words > hpr * lanes or send.numel() >= 2 ** 31:
+        raise ValueError("fp32 only, a block within a token's slab, int32 offsets")
+    src, dst = out.view(torch.int32), send.view(torch.int32)
+    total = send.numel()
+    return lambda: _pack_flat_kernel[(triton.cdiv(total, words),)](
+        src, lse, dst, B, total, src.stride(0), src.stride(1), lse.stride(0), lse.stride(1),
+        HPR=hpr, D=D, BLOCK=words, V4=v4, num_warps=warps)
+
+
 def variants(out, lse, send):
-    return {f"pm{heads}x{warps}" + "_lane" * lane: pack_peer_major(out, lse, send, heads, warps,
-                                                                   lane)
-            for heads in (1, 2, 4) for warps in (1, 2, 4) for lane in (False, True)}
+    v = {f"pm{heads}x{warps}" + "_lane" * lane: pack_peer_major(out, lse, send, heads, warps,
+                                                                lane)
+         for heads in (1, 2, 4) for warps in (1, 2, 4) for lane in (False, True)}
+    hpr = send.shape[2]
+    v.update({f"flat{words}x{warps}" + "_v4" * v4: pack_flat(out, lse, send, words, warps, v4)
+              for words in (512, 1024, 2048) for warps in (1, 2, 4, 8) for v4 in (False, True)
+              if words <= hpr * send.shape[3] and words >= 32 * warps})
+    return v
 
 
 def self_check():
     """The peer-major kernel's bytes against the straightforward pack's, on shapes the
     interpreter runs in seconds (fp32; D a power of two and not)."""
-    for b, h, n, d in ((3, 8, 2, 64), (2, 16, 4, 80), (1, 4, 4, 32)):
+    for b, h, n, d in ((3, 32, 2, 64), (2, 64, 4, 80), (1, 64, 2, 32), (5, 16, 2, 64)):
         out = torch.randn(b, h, d)
         lse = torch.randn(b, h) * 4
         ref = torch.full((n, b, h // n, d + 1), float("nan"))
@@ -63,7 +120,7 @@ def self_check():
             send.view(torch.int32).fill_(-1)
             fn()
             assert torch.equal(send.view(torch.int32), ref.view(torch.int32)), (name, b, h, n, d)
-    print("peer-major pack: bytes equal to the straightforward kernel's")
+    print("peer-major and flat packs: bytes equal to the straightforward kernel's")
 
 
 def main():
@@ -85,9 +142,9 @@ def main():
         check_bytes(copies, c_dst, c_src.view(torch.uint8), pt)
         v.update(copies)
         med, times, method = timed_rounds(v, nbytes, rounds)
-        best = min((k for k in med if k.startswith("pm")), key=med.get)
+        best = min((k for k in med if k.startswith(("pm", "flat"))), key=med.get)
         rows.append(dict(point=list(pt), rows=pt[0] * pt[1], median_us=med, rounds=times,
-                         method=method, best_pm=best))
+                         method=method, best_variant=best))
         c = med["copy_"]
         print(f"{pt} rows {pt[0] * pt[1]}: sf {med['sf'] / c:.3f} table {med['table'] / c:.3f} "
               f"{best} {med[best] / c:.3f} tl1024x4 {med['tl1024x4'] / c:.3f} (x copy_ "
