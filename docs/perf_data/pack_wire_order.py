@@ -13,12 +13,19 @@ from 16k to 131k rows (B <= 1024), two ways:
   compiler's own layout, 16-byte stores and four one-word loads a thread (the ninth pass's
   gathered stores lost in that layout).
 
+* ``gather{G}x{warps}`` (a later run of the same pass): a program takes G heads of one peer and
+  token (G % 4 == 0, so their G (D + 1) wire words start on a 16-byte boundary): it loads their
+  G D words of ``out`` as 16-byte vectors, and ``tl.gather`` (through shared memory) moves each
+  into the lane of its wire word, shifted by a word a head, so the stores are 16-byte vectors
+  too; the chunk's last G words (past the power-of-two tile) are loaded and stored alone.
+
 Next to them the table, the straightforward kernel, ``copy_`` of the same bytes and the best plain
 Triton copy of the eighth pass (1024 words a program, 4 warps). Interleaved rounds; every pack's
 wire bytes are checked against the straightforward kernel's, and the copies' against their
 source, first.
 
     python docs/perf_data/pack_wire_order.py OUT.json [ROUNDS] [MIN_ROWS MAX_ROWS]
+        [--families=pm,flat,gather]
         (on a GPU; PYTHONPATH=. from the checkout; --check: the kernel's bytes on small shapes,
         which Triton's interpreter can run)
 """
@@ -97,21 +104,74 @@ def pack_flat(out, lse, send, words, warps, v4):
         HPR=hpr, D=D, BLOCK=words, V4=v4, num_warps=warps)
 
 
-def variants(out, lse, send):
-    v = {f"pm{heads}x{warps}" + "_lane" * lane: pack_peer_major(out, lse, send, heads, warps,
-                                                                lane)
-         for heads in (1, 2, 4) for warps in (1, 2, 4) for lane in (False, True)}
-    hpr = send.shape[2]
-    v.update({f"flat{words}x{warps}" + "_v4" * v4: pack_flat(out, lse, send, words, warps, v4)
-              for words in (512, 1024, 2048) for warps in (1, 2, 4, 8) for v4 in (False, True)
-              if words <= hpr * send.shape[3] and words >= 32 * warps})
+@triton.jit
+def _pack_gather_kernel(out_ptr, lse_ptr, send_ptr, B, s_ob, s_oh, s_lb, s_lh,
+                        HPR4: tl.constexpr, D: tl.constexpr, G4: tl.constexpr):
+    # program (head chunk, token, peer), in wire order; G = 4 * G4 heads, HPR = 4 * HPR4
+    G: tl.constexpr = 4 * G4
+    IN: tl.constexpr = G * D                  # the chunk's data words (a power of two)
+    g4 = tl.program_id(0)
+    b = tl.program_id(1).to(tl.int64)
+    n = tl.program_id(2).to(tl.int64)
+    h0 = n * (4 * HPR4) + g4 * G
+    # written as 4 * (...): the chunk starts on a 16-byte boundary, which the compiler then sees
+    chunk = send_ptr + 4 * (((n * B + b) * HPR4 + g4 * G4) * (D + 1))
+    src = out_ptr + b * s_ob + h0 * s_oh
+    lse_row = lse_ptr + b * s_lb + h0 * s_lh
+    i = tl.arange(0, IN)
+    x = tl.load(src + (i // D) * s_oh + i % D)
+    # wire word w of the chunk: head k = w // (D + 1), lane c; data lane c is stream word w - k
+    k = i // (D + 1)
+    c = i - k * (D + 1)
+    y = tl.gather(x, tl.minimum(i - k, IN - 1), 0)
+    lse = tl.load(lse_row + k * s_lh, mask=c == D)
+    tl.store(chunk + i, tl.where(c == D, lse.to(tl.int32, bitcast=True), y))
+    # the last G words: head G - 1's lanes D + 1 - G .. D
+    t = tl.arange(0, G)
+    ct = D + 1 - G + t
+    xt = tl.load(src + (G - 1) * s_oh + ct, mask=ct < D)
+    lt = tl.load(lse_row + (G - 1) * s_lh + t * 0, mask=ct == D)
+    tl.store(chunk + IN + t, tl.where(ct == D, lt.to(tl.int32, bitcast=True), xt))
+
+
+def pack_gather(out, lse, send, heads, warps):
+    """As ``pack_peer_major``, for 4 | heads | H/N and a power-of-two D."""
+    B, H, D = out.shape
+    N, _, hpr, lanes = send.shape
+    if lanes != D + 1 or heads % 4 or hpr % heads or D & (D - 1):
+        raise ValueError("fp32, 4 | heads | H/N, a power-of-two D")
+    src, dst = out.view(torch.int32), send.view(torch.int32)
+    return lambda: _pack_gather_kernel[(hpr // heads, B, N)](
+        src, lse, dst, B, src.stride(0), src.stride(1), lse.stride(0), lse.stride(1),
+        HPR4=hpr // 4, D=D, G4=heads // 4, num_warps=warps)
+
+
+FAMILIES = ("pm", "flat", "gather")
+
+
+def variants(out, lse, send, families=FAMILIES):
+    v = {}
+    if "pm" in families:
+        v.update({f"pm{heads}x{warps}" + "_lane" * lane: pack_peer_major(out, lse, send, heads,
+                                                                         warps, lane)
+                  for heads in (1, 2, 4) for warps in (1, 2, 4) for lane in (False, True)})
+    hpr, d = send.shape[2], out.shape[2]
+    if "flat" in families:
+        v.update({f"flat{words}x{warps}" + "_v4" * v4: pack_flat(out, lse, send, words, warps,
+                                                                 v4)
+                  for words in (512, 1024, 2048) for warps in (1, 2, 4, 8)
+                  for v4 in (False, True) if words <= hpr * send.shape[3] and words >= 32 * warps})
+    if "gather" in families and hpr % 4 == 0 and d & (d - 1) == 0:
+        v.update({f"gather{heads}x{warps}": pack_gather(out, lse, send, heads, warps)
+                  for heads in (4, 8) for warps in (2, 4, 8, 16) if hpr % heads == 0})
     return v
 
 
 def self_check():
     """The peer-major kernel's bytes against the straightforward pack's, on shapes the
     interpreter runs in seconds (fp32; D a power of two and not)."""
-    for b, h, n, d in ((3, 32, 2, 64), (2, 64, 4, 80), (1, 64, 2, 32), (5, 16, 2, 64)):
+    for b, h, n, d in ((3, 32, 2, 64), (2, 64, 4, 80), (1, 64, 2, 32), (5, 16, 2, 64),
+                       (2, 16, 2, 8)):
         out = torch.randn(b, h, d)
         lse = torch.randn(b, h) * 4
         ref = torch.full((n, b, h // n, d + 1), float("nan"))
@@ -120,7 +180,7 @@ def self_check():
             send.view(torch.int32).fill_(-1)
             fn()
             assert torch.equal(send.view(torch.int32), ref.view(torch.int32)), (name, b, h, n, d)
-    print("peer-major and flat packs: bytes equal to the straightforward kernel's")
+    print("peer-major, flat and gather packs: bytes equal to the straightforward kernel's")
 
 
 def main():
@@ -128,21 +188,23 @@ def main():
     from _rounds import check_bytes, copy_pair, fp32_d512_points, packs, point_runs
     from dcp_a2a.testing.bench import copy_bandwidth, timed_rounds
 
-    a = sys.argv
+    a = [x for x in sys.argv if not x.startswith("--families=")]
+    fam = [x.split("=", 1)[1].split(",") for x in sys.argv if x.startswith("--families=")]
+    families = fam[0] if fam else FAMILIES
     rounds = int(a[2]) if len(a) > 2 else 3
     lo, hi = (int(a[3]), int(a[4])) if len(a) > 4 else (16384, 131072)
     copy = copy_bandwidth(1 << 30)
     pts = [p for p in fp32_d512_points(lo) if p[0] * p[1] <= hi and p[0] <= 1024]
     rows = []
     for pt, (p, hpr, out, lse, send, nbytes, ref) in point_runs(pts, 0, float("inf")):
-        v = {**packs(out, lse, send, hpr), **variants(out, lse, send)}
+        v = {**packs(out, lse, send, hpr), **variants(out, lse, send, families)}
         check_bytes(v, send, ref, pt)
         c_src, c_dst = copy_pair(nbytes)
         copies = {"copy_": lambda: c_dst.copy_(c_src), "tl1024x4": triton_copy(c_src, c_dst, 1024, 4)}
         check_bytes(copies, c_dst, c_src.view(torch.uint8), pt)
         v.update(copies)
         med, times, method = timed_rounds(v, nbytes, rounds)
-        best = min((k for k in med if k.startswith(("pm", "flat"))), key=med.get)
+        best = min((k for k in med if k.startswith(FAMILIES)), key=med.get)
         rows.append(dict(point=list(pt), rows=pt[0] * pt[1], median_us=med, rounds=times,
                          method=method, best_variant=best))
         c = med["copy_"]
@@ -151,7 +213,7 @@ def main():
               f"{c:.2f} us) | table/sf {med['table'] / med['sf']:.3f} {best}/sf "
               f"{med[best] / med['sf']:.3f} target/copy_ {0.95 * med['sf'] / c:.3f}", flush=True)
         json.dump(dict(device=torch.cuda.get_device_name(), copy_gbps=copy, rounds=rounds,
-                       points=rows), open(a[1], "w"), indent=1)
+                       families=list(families), points=rows), open(a[1], "w"), indent=1)
     names = [k for k in rows[0]["median_us"] if k != "sf"]
     q = {k: [r["median_us"][k] / r["median_us"]["sf"] for r in rows] for k in names}
     for k in sorted(names, key=lambda k: statistics.median(q[k])):
