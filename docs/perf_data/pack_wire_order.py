@@ -1,5 +1,5 @@
 """Pack in the wire's own order (docs/perf.md, fourteenth pass), at the grid's fp32 D=512 points
-from 16k to 131k rows (B <= 1024), two ways:
+from 16k to 131k rows (B <= 1024), three ways:
 
 * ``pm{heads}x{warps}[_lane]``: the row kernel on a peer-major grid (peer, token, head block),
   so that programs dispatched one after another write one run of consecutive wire bytes (the
@@ -11,8 +11,7 @@ from 16k to 131k rows (B <= 1024), two ways:
   of 513 words puts the row kernel's on no such boundary: five sectors, two in part), and its
   load 32 consecutive words of ``out`` shifted by a word a head, which L1 serves. ``_v4``: the
   compiler's own layout, 16-byte stores and four one-word loads a thread (the ninth pass's
-  gathered stores lost in that layout).
-
+  gathered stores lost in that layout);
 * ``gather{G}x{warps}`` (a later run of the same pass): a program takes G heads of one peer and
   token (G % 4 == 0, so their G (D + 1) wire words start on a 16-byte boundary): it loads their
   G D words of ``out`` as 16-byte vectors, and ``tl.gather`` (through shared memory) moves each
@@ -26,7 +25,7 @@ source, first.
 
     python docs/perf_data/pack_wire_order.py OUT.json [ROUNDS] [MIN_ROWS MAX_ROWS]
         [--families=pm,flat,gather]
-        (on a GPU; PYTHONPATH=. from the checkout; --check: the kernel's bytes on small shapes,
+        (on a GPU; PYTHONPATH=. from the checkout; --check: the kernels' bytes on small shapes,
         which Triton's interpreter can run)
 """
 import json, statistics, sys
@@ -168,7 +167,7 @@ def variants(out, lse, send, families=FAMILIES):
 
 
 def self_check():
-    """The peer-major kernel's bytes against the straightforward pack's, on shapes the
+    """Every variant's bytes against the straightforward pack's, on shapes the
     interpreter runs in seconds (fp32; D a power of two and not)."""
     for b, h, n, d in ((3, 32, 2, 64), (2, 64, 4, 80), (1, 64, 2, 32), (5, 16, 2, 64),
                        (2, 16, 2, 8)):
