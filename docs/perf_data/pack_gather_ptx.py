@@ -7,13 +7,20 @@ words) and barriers.
 """
 import re, sys
 import torch
+
 sys.path.insert(0, "docs/perf_data")
 import pack_wire_order as m
+
 B, H, N, D = 256, 128, 8, 512
-out = torch.randn(B, H, D, device="cuda"); lse = torch.randn(B, H, device="cuda")
+out = torch.randn(B, H, D, device="cuda")
+lse = torch.randn(B, H, device="cuda")
 send = torch.empty(N, B, H // N, D + 1, device="cuda")
 src, dst = out.view(torch.int32), send.view(torch.int32)
+OPS = ("st.global.v4", "st.global.b32", "ld.global.v4", "ld.global.b32", "st.shared",
+       "ld.shared", "bar.sync")
 for warps in (4, 8):
-    k = m._pack_gather_kernel[(H // N // 4, B, N)](src, lse, dst, B, src.stride(0), src.stride(1), lse.stride(0), lse.stride(1), HPR4=H // N // 4, D=D, G4=1, num_warps=warps)
+    k = m._pack_gather_kernel[(H // N // 4, B, N)](
+        src, lse, dst, B, src.stride(0), src.stride(1), lse.stride(0), lse.stride(1),
+        HPR4=H // N // 4, D=D, G4=1, num_warps=warps)
     ptx = k.asm["ptx"]
-    print("gather4x%d" % warps, {p: len(re.findall(p, ptx)) for p in ("st.global.v4", "st.global.b32", "ld.global.v4", "ld.global.b32", "st.shared", "ld.shared", "bar.sync")})
+    print(f"gather4x{warps}", {op: len(re.findall(re.escape(op), ptx)) for op in OPS})
