@@ -3,7 +3,8 @@
     torchrun --nproc-per-node N -m dcp_a2a.evals.gsm8k --distributed [options]
 
 Every rank loads the model on its own device (NCCL with rank r on cuda:LOCAL_RANK where CUDA
-is available, else gloo on the CPU) and holds only its shard of the KV cache (token
+is available, else gloo on the CPU; ``--process-group gloo`` with CUDA: gloo between ranks on
+the GPUs, see :func:`rank_device`) and holds only its shard of the KV cache (token
 interleave: :class:`evals.dcp_attention.DCPShardedCache`). At every decode step each rank
 computes the partial attention over its shard and merges it with ``dcp_a2a.lse_reduce`` on the
 real group (then all-gathers the head slices: the next layer needs every head).
@@ -59,9 +60,36 @@ def torchrun_rank() -> int | None:
     return int(r) if r is not None and "WORLD_SIZE" in os.environ else None
 
 
-def init_from_env() -> RankContext:
-    """Join the process group torchrun set up (its environment variables). A rank killed by a
-    signal (SIGABRT, SIGSEGV, ...) prints every thread's Python stack (faulthandler)."""
+PROCESS_GROUPS = ("auto", "nccl", "gloo")
+
+
+def rank_device(local_rank: int, process_group: str, n_gpus: int) -> tuple[str, str]:
+    """``(device, backend)`` of the rank with this LOCAL_RANK.
+
+    ``auto``: NCCL on cuda:LOCAL_RANK where CUDA is available, else gloo on the CPU. ``nccl``
+    needs a GPU per rank. ``gloo`` with CUDA puts rank r on cuda:(LOCAL_RANK mod GPUs): gloo
+    stages each collective's CUDA tensors through host memory, so ranks may share a GPU, which
+    NCCL refuses. That runs the multi-rank path (real processes, a real group, the compiled
+    kernels) on a machine with fewer GPUs than ranks; its speed says nothing of NCCL's.
+    """
+    if process_group not in PROCESS_GROUPS:
+        raise ValueError(f"process group {process_group!r}: expected one of "
+                         f"{', '.join(PROCESS_GROUPS)}")
+    if process_group == "auto":
+        process_group = "nccl" if n_gpus else "gloo"
+    if process_group == "nccl":
+        if local_rank >= n_gpus:
+            raise ValueError(f"--process-group nccl needs a GPU per rank: LOCAL_RANK "
+                             f"{local_rank} but {n_gpus} GPU(s) visible (ranks cannot share a "
+                             "GPU under NCCL; --process-group gloo lets them)")
+        return f"cuda:{local_rank}", "nccl"
+    return (f"cuda:{local_rank % n_gpus}" if n_gpus else "cpu"), "gloo"
+
+
+def init_from_env(process_group: str = "auto") -> RankContext:
+    """Join the process group torchrun set up (its environment variables), of the kind
+    :func:`rank_device` picks. A rank killed by a signal (SIGABRT, SIGSEGV, ...) prints every
+    thread's Python stack (faulthandler)."""
     import faulthandler
 
     import torch.distributed as dist
@@ -74,12 +102,12 @@ def init_from_env() -> RankContext:
         raise RuntimeError("--distributed runs under torchrun (RANK and WORLD_SIZE unset): "
                            "torchrun --nproc-per-node N -m dcp_a2a.evals.gsm8k --distributed")
     local = int(os.environ.get("LOCAL_RANK", "0"))
-    if torch.cuda.is_available():
-        torch.cuda.set_device(local)
-        device, backend = f"cuda:{local}", "nccl"
+    n_gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    device, backend = rank_device(local, process_group, n_gpus)
+    if device.startswith("cuda"):
+        torch.cuda.set_device(device)
         dist.init_process_group(backend, device_id=torch.device(device))
     else:
-        device, backend = "cpu", "gloo"
         dist.init_process_group(backend)
     g = Group.from_process_group()
     return RankContext(g.rank_in_group, g.world_size, local, device, backend, g)

@@ -38,6 +38,7 @@ from pathlib import Path
 import dcp_a2a
 import dcp_a2a.evals  # noqa: F401  (dcp_a2a before transformers)
 
+from .distributed import PROCESS_GROUPS
 from .inputs import HelpFormatter, MissingInput, fail, require_module
 from .model import EVALS_EXTRA, add_model_arguments, resolve_model
 from .tasks.gsm8k_local.utils import ENV_VAR, SPLITS, resolve_dir
@@ -212,7 +213,7 @@ def parser() -> argparse.ArgumentParser:
                          "float64 model needs float32)")
     ap.add_argument("--device", default=None,
                     help="cuda if available, else cpu, when not given (with --distributed: "
-                         "cuda:LOCAL_RANK or cpu)")
+                         "see --process-group)")
     add_model_arguments(ap)
     ap.add_argument("--gsm8k-dir", default=None,
                     help=f"directory with train.jsonl and test.jsonl; when not given ${ENV_VAR}, "
@@ -220,6 +221,11 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--out", default="out/gsm8k", help="output directory (rank 0 writes it)")
     ap.add_argument("--distributed", action="store_true",
                     help="one rank of a real DCP process group under torchrun (see above)")
+    ap.add_argument("--process-group", default="auto", choices=PROCESS_GROUPS,
+                    help="with --distributed: auto is NCCL on cuda:LOCAL_RANK where CUDA is "
+                         "available, else gloo on the CPU; gloo with CUDA lets ranks share "
+                         "GPUs (rank r on cuda:(LOCAL_RANK mod GPUs)): the multi-rank path on "
+                         "fewer GPUs than ranks, a correctness run, not a speed one")
     return ap
 
 
@@ -282,7 +288,7 @@ def _one_backend(lm, b, args, tm, found, runs) -> dict:
 def _main_distributed(args, backends, found):
     from . import distributed as dd
 
-    ctx = dd.init_from_env()
+    ctx = dd.init_from_env(args.process_group)
     clean = False
     try:
         args.dcp_size, args.device = ctx.world_size, ctx.device

@@ -277,3 +277,20 @@ def test_resolve_model_rejects_unknown_names_and_prefers_pretrained(tmp_path, mo
         em.resolve_model("gpt5")
     r = em.resolve_model("qwen2.5-coder-0.5b", pretrained=str(tmp_path))
     assert r == {"pretrained": str(tmp_path), "gguf_file": None, "model": str(tmp_path)}
+
+
+def test_rank_device_places_ranks_per_process_group():
+    from dcp_a2a.evals.distributed import rank_device
+
+    assert rank_device(1, "auto", 2) == ("cuda:1", "nccl")
+    assert rank_device(1, "auto", 0) == ("cpu", "gloo")
+    # gloo with CUDA: ranks share GPUs round-robin (NCCL would refuse two ranks on one GPU)
+    assert [rank_device(r, "gloo", 1) for r in range(3)] == [("cuda:0", "gloo")] * 3
+    assert [rank_device(r, "gloo", 2)[0] for r in range(4)] == ["cuda:0", "cuda:1"] * 2
+    assert rank_device(0, "gloo", 0) == ("cpu", "gloo")
+    with pytest.raises(ValueError, match="a GPU per rank: LOCAL_RANK 1 but 1 GPU"):
+        rank_device(1, "nccl", 1)
+    with pytest.raises(ValueError, match="a GPU per rank"):
+        rank_device(0, "nccl", 0)
+    with pytest.raises(ValueError, match="process group 'mpi'"):
+        rank_device(0, "mpi", 1)
