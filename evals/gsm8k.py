@@ -247,6 +247,9 @@ def main(argv=None) -> dict | None:
                            "(with --distributed the DCP group is the world)")
         if args.shard != "decode":
             parser().error("--distributed shards decode steps only (--shard decode)")
+    elif args.process_group != "auto":
+        parser().error(f"--process-group {args.process_group} picks the group of --distributed "
+                       "ranks; a single process simulates its ranks without one")
     backends = [b for b in args.backends.split(",") if b]
     bad = [b for b in backends if b not in BACKENDS]
     if bad or not backends:

@@ -294,3 +294,12 @@ def test_rank_device_places_ranks_per_process_group():
         rank_device(0, "nccl", 0)
     with pytest.raises(ValueError, match="process group 'mpi'"):
         rank_device(0, "mpi", 1)
+
+
+def test_process_group_without_distributed_is_refused(capsys):
+    from dcp_a2a.evals import gsm8k
+
+    with pytest.raises(SystemExit) as e:
+        gsm8k.main(["--process-group", "gloo"])
+    assert e.value.code == 2
+    assert "--process-group gloo picks the group of --distributed ranks" in capsys.readouterr().err
