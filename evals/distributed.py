@@ -75,11 +75,12 @@ def rank_device(local_rank: int, process_group: str, n_gpus: int) -> tuple[str, 
     if process_group not in PROCESS_GROUPS:
         raise ValueError(f"process group {process_group!r}: expected one of "
                          f"{', '.join(PROCESS_GROUPS)}")
+    asked = process_group
     if process_group == "auto":
         process_group = "nccl" if n_gpus else "gloo"
     if process_group == "nccl":
         if local_rank >= n_gpus:
-            raise ValueError(f"--process-group nccl needs a GPU per rank: LOCAL_RANK "
+            raise ValueError(f"NCCL (--process-group {asked}) needs a GPU per rank: LOCAL_RANK "
                              f"{local_rank} but {n_gpus} GPU(s) visible (ranks cannot share a "
                              "GPU under NCCL; --process-group gloo lets them)")
         return f"cuda:{local_rank}", "nccl"

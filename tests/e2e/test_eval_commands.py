@@ -292,6 +292,9 @@ def test_rank_device_places_ranks_per_process_group():
         rank_device(1, "nccl", 1)
     with pytest.raises(ValueError, match="a GPU per rank"):
         rank_device(0, "nccl", 0)
+    # auto picks NCCL where there is a GPU, and says so when ranks outnumber the GPUs
+    with pytest.raises(ValueError, match=r"NCCL \(--process-group auto\) needs a GPU per rank"):
+        rank_device(1, "auto", 1)
     with pytest.raises(ValueError, match="process group 'mpi'"):
         rank_device(0, "mpi", 1)
 
