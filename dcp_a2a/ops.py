@@ -24,7 +24,6 @@ from .wire import (
     require_int,
     require_runnable_device,
     require_same_device,
-    wire_shape,
 )
 
 
@@ -39,8 +38,7 @@ def pack_send(out, lse, send, world_size, h_per_rank, head_dim, lse_pack_dim,
     argument, before the launch.
     """
     B, H, D = check_output_and_lse(out, lse)
-    require_int("world_size", world_size, 1)
-    hpr = check_head_split(H, world_size)
+    hpr = check_head_split(H, world_size)  # world_size: an int >= 1, then the split
     require_int("h_per_rank", h_per_rank, 1 if H else 0)
     if h_per_rank != hpr:
         raise ValueError(f"h_per_rank={h_per_rank} but H/N = {H}/{world_size} = {hpr}")
@@ -51,8 +49,9 @@ def pack_send(out, lse, send, world_size, h_per_rank, head_dim, lse_pack_dim,
     if lse_pack_dim != p:
         raise ValueError(f"lse_pack_dim={lse_pack_dim} does not match {out.dtype} (expected {p})")
     check_wire_buffer("send", send, head_dim=D, lse_pack_dim_=p, dtype=out.dtype,
-                      expected_shape=wire_shape(world_size, B, hpr, D, out.dtype))
-    require_same_device(out=out, lse=lse, send=send)
+                      expected_shape=(world_size, B, hpr, D + p))
+    if send.device != out.device:  # out and lse were compared above
+        require_same_device(out=out, lse=lse, send=send)
     check_seq_meta(seq_lens, query_start_loc, B, out.device)
     require_disjoint("send", send, out=out, lse=lse)
     if B and H:

@@ -27,6 +27,8 @@ INDEX_DTYPES = (torch.int32, torch.int64)
 
 # The integer type of the same width, through which the kernels move raw bits.
 BITS_DTYPE = {torch.float16: torch.int16, torch.bfloat16: torch.int16, torch.float32: torch.int32}
+# P of each output dtype: a dict lookup on every call's hot path (issue 47: host time per call)
+_LSE_LANES = {torch.float16: 2, torch.bfloat16: 2, torch.float32: 1}
 
 
 def lse_pack_dim(dtype: torch.dtype) -> int:
@@ -38,10 +40,9 @@ def lse_pack_dim(dtype: torch.dtype) -> int:
     """
     if not isinstance(dtype, torch.dtype):
         raise TypeError(f"lse_pack_dim expects a torch.dtype, got {type(dtype).__name__}")
-    if dtype in (torch.float16, torch.bfloat16):
-        return 2
-    if dtype == torch.float32:
-        return 1
+    p = _LSE_LANES.get(dtype)
+    if p is not None:
+        return p
     raise ValueError(
         f"unsupported output dtype {dtype} for the packed DCP exchange: "
         "only torch.float16, torch.bfloat16 and torch.float32 have a wire format "
@@ -62,17 +63,40 @@ def require_int(name: str, v, minimum: int) -> int:
     return v
 
 
+def check_group(group) -> tuple[int, int]:
+    """The DCP group's (world_size, rank): ``group`` is any object with ``world_size``,
+    ``rank_in_group`` and ``device_group`` (an engine's group coordinator); TypeError naming
+    the missing attribute otherwise (``None`` included), ValueError for a rank outside the
+    group. The same check, and message, as ``lse_reduce``'s."""
+    for attr in ("world_size", "rank_in_group", "device_group"):
+        if not hasattr(group, attr):
+            raise TypeError(
+                f"group must have world_size, rank_in_group and device_group; "
+                f"{type(group).__name__} has no {attr}"
+            )
+    n = require_int("group.world_size", group.world_size, 1)
+    r = require_int("group.rank_in_group", group.rank_in_group, 0)
+    if r >= n:
+        raise ValueError(f"group.rank_in_group={r} is not below world_size={n}")
+    return n, r
+
+
 def require_bool(name: str, v) -> None:
     if not isinstance(v, bool):
         raise TypeError(f"{name} must be a bool, got {type(v).__name__}")
 
 
 def require_same_device(**tensors) -> None:
-    present = {k: t for k, t in tensors.items() if t is not None}
-    devices = {k: t.device for k, t in present.items()}
-    if len(set(devices.values())) > 1:
-        listing = ", ".join(f"{k} on {d}" for k, d in devices.items())
-        raise ValueError(f"tensors must be on one device, got {listing}")
+    first = None
+    for t in tensors.values():
+        if t is None:
+            continue
+        if first is None:
+            first = t.device
+        elif t.device != first:  # the listing is built only to raise
+            listing = ", ".join(f"{k} on {v.device}" for k, v in tensors.items()
+                                if v is not None)
+            raise ValueError(f"tensors must be on one device, got {listing}")
 
 
 def check_output_and_lse(out: torch.Tensor, lse: torch.Tensor) -> tuple[int, int, int]:
@@ -80,21 +104,23 @@ def check_output_and_lse(out: torch.Tensor, lse: torch.Tensor) -> tuple[int, int
     require_tensor("out", out)
     require_tensor("lse", lse)
     lse_pack_dim(out.dtype)  # raises for unsupported output dtypes
-    if out.dim() != 3:
-        raise ValueError(f"out must be 3-D [B, H, D], got shape {tuple(out.shape)}")
-    if lse.dim() != 2:
-        raise ValueError(f"lse must be 2-D [B, H], got shape {tuple(lse.shape)}")
+    shape, lse_shape = out.shape, lse.shape
+    if len(shape) != 3:
+        raise ValueError(f"out must be 3-D [B, H, D], got shape {tuple(shape)}")
+    if len(lse_shape) != 2:
+        raise ValueError(f"lse must be 2-D [B, H], got shape {tuple(lse_shape)}")
     if lse.dtype not in LSE_DTYPES:
         raise ValueError(
             f"unsupported lse dtype {lse.dtype}: expected one of float32, bfloat16, float16"
         )
-    if tuple(lse.shape) != tuple(out.shape[:2]):
+    B, H, D = shape
+    if lse_shape[0] != B or lse_shape[1] != H:
         raise ValueError(
-            f"out/lse shape mismatch: out is {tuple(out.shape)} so lse must be "
-            f"{tuple(out.shape[:2])}, got {tuple(lse.shape)}"
+            f"out/lse shape mismatch: out is {tuple(shape)} so lse must be "
+            f"{(B, H)}, got {tuple(lse_shape)}"
         )
-    require_same_device(out=out, lse=lse)
-    B, H, D = out.shape
+    if lse.device != out.device:
+        require_same_device(out=out, lse=lse)
     if D < 1:
         raise ValueError(f"head_dim must be >= 1, got {D}")
     return B, H, D
@@ -141,35 +167,38 @@ def check_wire_buffer(name: str, buf, *, head_dim: int, lse_pack_dim_: int, expe
                       dtype=None) -> tuple[int, int, int]:
     """Validate a send/recv buffer; return (N, B, H/N)."""
     require_tensor(name, buf)
-    p = lse_pack_dim(buf.dtype)
-    if dtype is not None and buf.dtype != dtype:
-        raise ValueError(f"{name} dtype {buf.dtype} does not match the output dtype {dtype}")
+    buf_dtype = buf.dtype
+    p = lse_pack_dim(buf_dtype)
+    if dtype is not None and buf_dtype != dtype:
+        raise ValueError(f"{name} dtype {buf_dtype} does not match the output dtype {dtype}")
     if lse_pack_dim_ != p:
         raise ValueError(
-            f"lse_pack_dim={lse_pack_dim_} does not match {name} dtype {buf.dtype} (expected {p})"
+            f"lse_pack_dim={lse_pack_dim_} does not match {name} dtype {buf_dtype} (expected {p})"
         )
-    if buf.dim() != 4:
-        raise ValueError(f"{name} must be 4-D [N, B, H/N, D+P], got shape {tuple(buf.shape)}")
-    if buf.shape[3] != head_dim + p:
+    shape = buf.shape
+    if len(shape) != 4:
+        raise ValueError(f"{name} must be 4-D [N, B, H/N, D+P], got shape {tuple(shape)}")
+    if shape[3] != head_dim + p:
         raise ValueError(
-            f"{name} last dim is {buf.shape[3]} but head_dim={head_dim} + lse_pack_dim={p} "
+            f"{name} last dim is {shape[3]} but head_dim={head_dim} + lse_pack_dim={p} "
             f"= {head_dim + p}"
         )
-    if expected_shape is not None and tuple(buf.shape) != tuple(expected_shape):
+    if expected_shape is not None and shape != tuple(expected_shape):
         raise ValueError(
-            f"{name} has shape {tuple(buf.shape)}, expected {tuple(expected_shape)}"
+            f"{name} has shape {tuple(shape)}, expected {tuple(expected_shape)}"
         )
     if not buf.is_contiguous():
         raise ValueError(f"{name} must be contiguous (it is the wire buffer of a collective)")
-    return buf.shape[0], buf.shape[1], buf.shape[2]
+    return shape[0], shape[1], shape[2]
 
 
 def require_runnable_device(t: torch.Tensor) -> None:
     """The kernels run on CUDA tensors, or on CPU tensors through Triton's interpreter."""
-    if t.device.type == "meta":
+    # is_meta / is_cpu: flags read in C (``t.device.type`` builds a device object first)
+    if t.is_meta:
         raise ValueError("meta tensors have no data for the kernels to read; pass real tensors "
                          "(CUDA, or CPU with Triton's interpreter)")
-    if t.device.type == "cpu" and not _env.INTERPRET:
+    if t.is_cpu and not _env.INTERPRET:
         raise ValueError(
             "CPU tensors need the Triton interpreter: unset TRITON_INTERPRET (dcp_a2a then "
             "enables it on machines without CUDA) or set TRITON_INTERPRET=1 before importing "
@@ -179,10 +208,16 @@ def require_runnable_device(t: torch.Tensor) -> None:
 
 def _span(t: torch.Tensor) -> tuple[int, int]:
     """[first byte, one past the last byte] that ``t`` can touch."""
-    if t.numel() == 0:
-        return (t.data_ptr(), t.data_ptr())
-    extent = sum((s - 1) * abs(st) for s, st in zip(t.shape, t.stride())) + 1
-    return (t.data_ptr(), t.data_ptr() + extent * t.element_size())
+    start, numel = t.data_ptr(), t.numel()
+    if numel == 0:
+        return (start, start)
+    if t.is_contiguous():  # the common case, without a Python loop over the dims
+        extent = numel
+    else:
+        extent = 1
+        for s, st in zip(t.shape, t.stride()):
+            extent += (s - 1) * abs(st)
+    return (start, start + extent * t.element_size())
 
 
 def require_disjoint(dst_name: str, dst: torch.Tensor, **sources: torch.Tensor) -> None:
@@ -191,11 +226,12 @@ def require_disjoint(dst_name: str, dst: torch.Tensor, **sources: torch.Tensor) 
     Staging buffers carved from the same workspace as the attention output they pack made the
     pack kernel overwrite its own input in a shipped engine; refuse it here instead.
     """
-    if dst.numel() == 0 or dst.device.type == "meta":
+    if dst.numel() == 0 or dst.is_meta:
         return
     d0, d1 = _span(dst)
+    device = dst.device
     for name, src in sources.items():
-        if src is None or src.numel() == 0 or src.device != dst.device:
+        if src is None or src.numel() == 0 or src.device != device:
             continue
         s0, s1 = _span(src)
         if d0 < s1 and s0 < d1:

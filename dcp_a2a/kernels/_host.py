@@ -42,4 +42,26 @@ def search_steps(num_seqs: int) -> int:
 def needs_int64(*tensors: torch.Tensor) -> bool:
     """Whether an element offset into any of these tensors' storage can reach 2^31 (the kernels
     then index in int64; int32 otherwise)."""
-    return any(t.untyped_storage().nbytes() // t.element_size() >= 2**31 for t in tensors)
+    for t in tensors:  # a loop, not any(<generator>): this runs on every launch
+        if t.untyped_storage().nbytes() >= t.element_size() << 31:
+            return True
+    return False
+
+
+PLANS_MAX = 4096  # launches a launcher keeps (distinct batch sizes); then it starts again
+
+
+def cached_plan(cache: dict, cfg, key: tuple, build):
+    """``build()``'s (grid, constexpr keywords) of one launch, from ``cache`` where it was built
+    for ``key`` under this very ``cfg``: the Launch that ``tuning.launch`` returns is the same
+    object while the table in force is unchanged, so a swapped table or an override (a new
+    object) builds again. Built once per problem instead of on every eager call (issue 47);
+    callers must not change the keywords they get."""
+    hit = cache.get(key)
+    if hit is not None and hit[0] is cfg:
+        return hit[1]
+    plan = build()
+    if len(cache) >= PLANS_MAX:
+        cache.clear()
+    cache[key] = (cfg, plan)
+    return plan

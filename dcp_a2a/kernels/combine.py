@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._host import as_words, bits, needs_int64
+from ._host import as_words, bits, cached_plan, needs_int64
 from .tuning import combine_launch, scale_launch
 from .merge_math import (
     NO_CONTRACTION,
@@ -186,40 +186,57 @@ def _scale_kernel(
         tl.store(lse_out_ptr + b * HPR + h % HPR, g, mask=mine)
 
 
-def combine_launch_args(data, data_bits, lse, N, B, hpr, D, lse_lanes, return_lse,
-                        is_lse_base_on_e):
+# The grid and constexpr keywords of each launch, built once per problem rather than on every
+# call (issue 47: host time per eager call); see ``_host.cached_plan``.
+_PLANS: dict = {}
+
+
+def _combine_plan(cfg, N, B, hpr, lanes, lse_lanes, return_lse, is_lse_base_on_e, is_bf16,
+                  pairs, wide):
+    return cfg.grid(B, hpr), dict(
+        N=N, LSE_LANES=lse_lanes, BASE_E=is_lse_base_on_e, RETURN_LSE=return_lse,
+        IS_BF16=is_bf16, PAIRS=pairs, BLOCK_B=cfg.block_b, BLOCK_H=cfg.block_h,
+        BLOCK_D=cfg.block_d, STREAM=cfg.stream, ONE_TILE=cfg.block_d >= lanes, WIDE=wide,
+        num_warps=cfg.num_warps, **NO_CONTRACTION)
+
+
+def combine_launch_args(data, lse, N, B, hpr, D, lse_lanes, return_lse, is_lse_base_on_e):
     """(grid, positional args, constexpr keywords, out, lse_out) of one combine launch.
 
-    ``data_bits`` is the integer view of the buffer holding ``data`` (the whole wire row when
-    the LSE is packed: ``lse_lanes`` = P); ``lse`` the separate fp32 LSE (``lse_lanes`` = 0).
-    Lanes, strides and offsets count the units the kernel moves: 32-bit words when two 16-bit
-    lanes are paired (``kw["PAIRS"]``), else elements."""
-    out = torch.empty((B, hpr, D), dtype=data.dtype, device=data.device)
-    lse_out = torch.empty((B, hpr), dtype=torch.float32, device=data.device)
-    words = as_words(data_bits) if D % 2 == 0 else None
+    ``data``: the buffer whose rows start with the D output lanes (the whole wire row when
+    the LSE is packed in the ``lse_lanes`` = P lanes after them, ``lse`` then None; else
+    ``lse`` is the separate fp32 LSE and ``lse_lanes`` = 0). Lanes, strides and offsets count
+    the units the kernel moves: 32-bit words when two 16-bit lanes are paired
+    (``kw["PAIRS"]``), else elements. ``lse_out`` is None unless ``return_lse``. The keywords
+    are shared between calls: do not change them."""
+    dtype, dev = data.dtype, data.device
+    out = torch.empty((B, hpr, D), dtype=dtype, device=dev)
+    words = as_words(data) if D % 2 == 0 else None
     if words is not None:  # two 16-bit lanes per 32-bit access; the LSE is one word
-        src, src_bits, out_bits, lanes = words, words, out.view(torch.int32), D // 2
+        src = src_bits = words
+        out_bits, lanes = out.view(torch.int32), D // 2
         lse_lanes = min(lse_lanes, 1)
     else:
-        src, src_bits, out_bits, lanes = data, data_bits, bits(out), D
+        src, src_bits, out_bits, lanes = data, bits(data), bits(out), D
+    # Without return_lse the kernel never touches lse_out_ptr (nor lse_ptr when the LSE is
+    # packed): they get a tensor we already have instead of an allocation per call.
+    lse_out = torch.empty((B, hpr), dtype=torch.float32, device=dev) if return_lse else None
+    wide = needs_int64(src, out) or (lse is not None and needs_int64(lse))
     cfg = combine_launch(N, B, hpr, lanes)
-    lse_strides = lse.stride() if lse is not None else (0, 0, 0)
-    args = (src, src_bits, lse if lse is not None else lse_out, out, out_bits, lse_out,
-            B, hpr, lanes,
-            src.stride(0), src.stride(1), src.stride(2), src.stride(3), *lse_strides)
-    kw = dict(N=N, LSE_LANES=lse_lanes, BASE_E=is_lse_base_on_e, RETURN_LSE=return_lse,
-              IS_BF16=data.dtype == torch.bfloat16, PAIRS=words is not None,
-              BLOCK_B=cfg.block_b, BLOCK_H=cfg.block_h,
-              BLOCK_D=cfg.block_d, STREAM=cfg.stream,
-              ONE_TILE=cfg.block_d >= lanes,
-              WIDE=needs_int64(src, out) or (lse is not None and needs_int64(lse)),
-              num_warps=cfg.num_warps, **NO_CONTRACTION)
-    return cfg.grid(B, hpr), args, kw, out, lse_out
+    grid, kw = cached_plan(
+        _PLANS, cfg, (N, B, hpr, lanes, lse_lanes, return_lse, is_lse_base_on_e, dtype,
+                      words is not None, wide),
+        lambda: _combine_plan(cfg, N, B, hpr, lanes, lse_lanes, return_lse, is_lse_base_on_e,
+                              dtype == torch.bfloat16, words is not None, wide))
+    placeholder = lse_out if lse_out is not None else out
+    args = (src, src_bits, lse if lse is not None else placeholder, out, out_bits, placeholder,
+            B, hpr, lanes, *src.stride(), *(lse.stride() if lse is not None else (0, 0, 0)))
+    return grid, args, kw, out, lse_out
 
 
-def _combine(data, data_bits, lse, N, B, hpr, D, lse_lanes, return_lse, is_lse_base_on_e):
+def _combine(data, lse, N, B, hpr, D, lse_lanes, return_lse, is_lse_base_on_e):
     grid, args, kw, out, lse_out = combine_launch_args(
-        data, data_bits, lse, N, B, hpr, D, lse_lanes, return_lse, is_lse_base_on_e)
+        data, lse, N, B, hpr, D, lse_lanes, return_lse, is_lse_base_on_e)
     if B and hpr:
         combine_rows[grid](*args, **kw)
     return (out, lse_out) if return_lse else out
@@ -227,10 +244,10 @@ def _combine(data, data_bits, lse, N, B, hpr, D, lse_lanes, return_lse, is_lse_b
 
 def combine_packed(recv, head_dim, return_lse, is_lse_base_on_e):
     """Merge the wire buffer ``recv[N, B, H/N, D+P]`` into ``out[B, H/N, D]`` in recv's dtype
-    (and the float32 merged ``lse[B, H/N]`` with ``return_lse``)."""
-    N, B, hpr, _ = recv.shape
-    p = recv.shape[-1] - head_dim
-    return _combine(recv[..., :head_dim], bits(recv), None, N, B, hpr, head_dim, p,
+    (and the float32 merged ``lse[B, H/N]`` with ``return_lse``). The kernel reads the whole
+    rows (the same pointer and strides as their first D lanes, without a slice per call)."""
+    N, B, hpr, lanes = recv.shape
+    return _combine(recv, None, N, B, hpr, head_dim, lanes - head_dim,
                     return_lse, is_lse_base_on_e)
 
 
@@ -238,7 +255,7 @@ def combine_separate(data, lse, return_lse, is_lse_base_on_e):
     """Merge ``data[N, B, H/N, D]`` with fp32 ``lse[N, B, H/N]`` (two-collective layout):
     the same kernel and arithmetic as :func:`combine_packed`; only the LSE's location differs."""
     N, B, hpr, D = data.shape
-    return _combine(data, bits(data), lse, N, B, hpr, D, 0, return_lse, is_lse_base_on_e)
+    return _combine(data, lse, N, B, hpr, D, 0, return_lse, is_lse_base_on_e)
 
 
 def scale_for_reduce_scatter(out, lse_all, rank, return_lse, is_lse_base_on_e, dst):

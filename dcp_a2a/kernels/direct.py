@@ -141,8 +141,7 @@ def combine_from_peers(tables, batch, return_lse, is_lse_base_on_e):
     N, hpr, D = tables.world_size, tables.h_per_rank, tables.head_dim
     slot0 = tables.slot_view(0, batch)  # the layout; the kernel picks the call's slot
     grid, args, kw, out, lse_out = combine_launch_args(
-        slot0[..., :D], slot0.view(tables.bits_dtype), None, N, batch, hpr, D,
-        tables.lse_lanes, return_lse, is_lse_base_on_e)
+        slot0, None, N, batch, hpr, D, tables.lse_lanes, return_lse, is_lse_base_on_e)
     lanes_per_slot = tables.recv.numel() // 2 // (2 if kw["PAIRS"] else 1)
     _combine_from_peers_kernel[grid](
         *args, tables.flags, tables.epoch, lanes_per_slot, ASM=not _env.INTERPRET, **kw)

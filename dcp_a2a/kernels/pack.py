@@ -31,7 +31,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ._host import as_words, bits, needs_int64, next_pow2, prev_pow2, search_steps
+from ._host import (as_words, bits, cached_plan, needs_int64, next_pow2, prev_pow2,
+                    search_steps)
 from .merge_math import program_rows, row_is_empty
 from .tuning import pack_launch
 
@@ -273,9 +274,31 @@ def slab_fits(src: torch.Tensor, lanes: int, lanes_p: int, h_per_rank: int) -> b
     them; 4 | lanes a head and 4 | heads a peer (so that every chunk of 4k heads starts on a
     16-byte boundary of the wire); head rows that are runs of 16-byte vectors (unit lane
     stride, token and head strides multiples of 4 lanes)."""
-    return (src.element_size() == 4 and lanes_p == 1 and lanes % 4 == 0
-            and h_per_rank % 4 == 0 and src.stride(2) == 1
-            and src.stride(0) % 4 == 0 and src.stride(1) % 4 == 0)
+    if src.element_size() != 4 or lanes_p != 1 or lanes % 4 or h_per_rank % 4:
+        return False
+    s_b, s_h, s_d = src.stride()
+    return s_d == 1 and s_b % 4 == 0 and s_h % 4 == 0
+
+
+# The grid and constexpr keywords of each launch, built once per problem rather than on every
+# call (issue 47: host time per eager call); see ``_host.cached_plan``.
+_PLANS: dict = {}
+
+
+def _row_plan(cfg, B, H, lanes, lanes_p, has_mask, wide):
+    return cfg.grid(B, H), dict(
+        P=lanes_p, HAS_MASK=has_mask, BLOCK_B=cfg.block_b, BLOCK_H=cfg.block_h,
+        BLOCK_D=cfg.block_d, STREAM=cfg.stream, ONE_TILE=cfg.block_d >= lanes, WIDE=wide,
+        LANE_LOADS=cfg.lane_loads, HEAD_MAJOR=cfg.head_major, num_warps=cfg.num_warps)
+
+
+def _slab_plan(cfg, B, H, words, has_mask, wide):
+    g = cfg.block_h
+    vectors = g * (words + 1) // 4
+    main = prev_pow2(g * words // 4)  # the chunk's vectors: a power-of-two tile and the rest
+    return cfg.grid(B, H), dict(
+        G=g, W=words, VT=main, TT=next_pow2(vectors - main), HAS_MASK=has_mask, WIDE=wide,
+        HEAD_MAJOR=cfg.head_major, num_warps=cfg.num_warps)
 
 
 def pack(out, lse, send, h_per_rank, seq_lens=None, query_start_loc=None) -> None:
@@ -293,29 +316,19 @@ def pack(out, lse, send, h_per_rank, seq_lens=None, query_start_loc=None) -> Non
         _launch_slab(src, lse, dst, sl, qsl, num_seqs, steps, has_mask, h_per_rank, lanes,
                      cfg, wide)
         return
-    _pack_kernel[cfg.grid(B, H)](
-        src, lse, dst, sl, qsl,
-        B, H, h_per_rank, lanes, num_seqs, steps,
-        src.stride(0), src.stride(1), src.stride(2), lse.stride(0), lse.stride(1),
-        P=lanes_p, HAS_MASK=has_mask, BLOCK_B=cfg.block_b, BLOCK_H=cfg.block_h,
-        BLOCK_D=cfg.block_d,
-        STREAM=cfg.stream, ONE_TILE=cfg.block_d >= lanes, WIDE=wide, LANE_LOADS=cfg.lane_loads,
-        HEAD_MAJOR=cfg.head_major, num_warps=cfg.num_warps,
-    )
+    grid, kw = cached_plan(_PLANS, cfg, ("row", B, H, h_per_rank, lanes, lanes_p, has_mask, wide),
+                           lambda: _row_plan(cfg, B, H, lanes, lanes_p, has_mask, wide))
+    _pack_kernel[grid](src, lse, dst, sl, qsl, B, H, h_per_rank, lanes, num_seqs, steps,
+                       *src.stride(), *lse.stride(), **kw)
 
 
 def _launch_slab(src, lse, dst, sl, qsl, num_seqs, steps, has_mask, hpr, words, cfg, wide):
     B, H = lse.shape
-    g = cfg.block_h
-    vectors = g * (words + 1) // 4
-    main = prev_pow2(g * words // 4)  # the chunk's vectors: a power-of-two tile and the rest
-    _pack_slab_kernel[cfg.grid(B, H)](
-        src, lse, dst, sl, qsl,
-        B, hpr // 4, num_seqs, steps,
-        src.stride(0) // 4, src.stride(1) // 4, lse.stride(0), lse.stride(1),
-        G=g, W=words, VT=main, TT=next_pow2(vectors - main), HAS_MASK=has_mask, WIDE=wide,
-        HEAD_MAJOR=cfg.head_major, num_warps=cfg.num_warps,
-    )
+    grid, kw = cached_plan(_PLANS, cfg, ("slab", B, H, hpr, words, has_mask, wide),
+                           lambda: _slab_plan(cfg, B, H, words, has_mask, wide))
+    s_ob, s_oh, _ = src.stride()
+    _pack_slab_kernel[grid](src, lse, dst, sl, qsl, B, hpr // 4, num_seqs, steps,
+                            s_ob // 4, s_oh // 4, *lse.stride(), **kw)
 
 
 def lse_to_wire(lse, dst, world_size, seq_lens=None, query_start_loc=None) -> None:

@@ -303,13 +303,23 @@ def _compiled(cfg: Launch, batch: int = 1) -> Launch:
     return cfg
 
 
+# The launch each problem got, so that an eager call looks it up instead of walking the rules
+# (their Launch objects and row arithmetic were microseconds of Python a call; issue 47). An
+# entry keeps the rules it was chosen from and counts only while they are still the ones in
+# force: the benchmark swaps ACTIVE, tests flip the interpreter; overrides are never cached.
+# The returned Launch is the same object on every hit, which lets the launchers key their own
+# per-launch caches on it.
+_CHOSEN: dict[tuple, tuple] = {}
+_CHOSEN_MAX = 4096  # distinct problems (batch sizes) kept; then it starts again
+
+
 def launch(kind: str, batch: int, heads: int, head_lanes: int, ranks: int = 1,
            slab_ok: bool = False) -> Launch:
     """The launch for kernel ``kind`` over ``batch`` tokens of ``heads`` heads of
     ``head_lanes`` lanes, in a group of ``ranks`` (the rules select on the rows, batch x
     heads; ``slab_ok``: the pack's slab kernel fits the problem). An override asking for the
     slab kernel gets it where it fits, the row kernel elsewhere."""
-    if kind in OVERRIDES:
+    if OVERRIDES and kind in OVERRIDES:
         o = OVERRIDES[kind]
         block_d = min(o.block_d, next_pow2(head_lanes))
         if o.slab and slab_ok:
@@ -318,12 +328,22 @@ def launch(kind: str, batch: int, heads: int, head_lanes: int, ranks: int = 1,
         return _compiled(Launch(_fit(o.block_h, heads), block_d, o.num_warps, o.stream,
                                 _fit(o.block_b, batch), lane_loads=o.lane_loads,
                                 head_major=o.head_major), batch)
+    rules = INTERPRETER[kind] if _env.INTERPRET else ACTIVE[kind]
+    key = (kind, batch, heads, head_lanes, ranks, slab_ok)
+    hit = _CHOSEN.get(key)
+    if hit is not None and hit[0] is rules:
+        return hit[1]
     if _env.INTERPRET:
-        return INTERPRETER[kind].launch(batch, heads, head_lanes, ranks)
-    # the first rule that takes the problem (each table ends in a rule that takes any)
-    taken = (r.launch(batch, heads, head_lanes, ranks, slab_ok) for r in ACTIVE[kind]
-             if batch * heads <= r.max_rows)
-    return _compiled(next(cfg for cfg in taken if cfg is not None), batch)
+        cfg = rules.launch(batch, heads, head_lanes, ranks)
+    else:
+        # the first rule that takes the problem (each table ends in a rule that takes any)
+        taken = (r.launch(batch, heads, head_lanes, ranks, slab_ok) for r in rules
+                 if batch * heads <= r.max_rows)
+        cfg = _compiled(next(c for c in taken if c is not None), batch)
+    if len(_CHOSEN) >= _CHOSEN_MAX:
+        _CHOSEN.clear()
+    _CHOSEN[key] = (rules, cfg)
+    return cfg
 
 
 def every_launch(kind: str, batch: int, heads: int, head_lanes: int,
