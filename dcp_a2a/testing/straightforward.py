@@ -1,8 +1,13 @@
-"""The straightforward design of the two kernels, as engines write them first (vLLM's packed
-all-to-all kernels are this design): one program per (token, head), the whole head row in one
-tile, a loop over the N ranks, default warps, fp32 accumulation, cast on store. The benchmark
-times it next to ours at every shape (``python -m dcp_a2a.testing.bench --grid``); it is a
-baseline, not a product path (no argument checks, no masks).
+"""The straightforward design of the two kernels, as an engine writes them first: one program per
+(token, head), the whole head row in one tile, a run-time loop over the N ranks (two passes over
+their LSEs: the max, then the weights and the accumulation), default warps, fp32 accumulation,
+cast on store. The benchmark times it next to ours at every shape (``python -m
+dcp_a2a.testing.bench --grid``): the ratio target's baseline. It is a baseline, not a product path
+(no argument checks, no masks).
+
+It is not the design vLLM main ships for the unpack-combine (N a compile-time constant and the
+rank loops unrolled, three passes over the LSEs, NaN and +inf LSEs read as -inf, the merged LSE
+returned when asked): that one is :mod:`dcp_a2a.testing.engine_design`, timed in the same grid.
 
     pack(out[B, H, D], lse[B, H] fp32, send[N, B, H/N, D+P])       send in out's dtype
     unpack_combine(recv[N, B, H/N, D+P], D) -> out[B, H/N, D]      recv's dtype

@@ -115,3 +115,28 @@ def test_grid_table_reports_each_verdict_and_lists_what_is_not_met():
     assert text.endswith("target copy x 1.188")
     assert grid_table([slow_copy]).endswith(
         "copy x 0.938, target copy x 0.990 (below the copy)")
+
+
+def test_grid_table_reports_the_engine_design_unpack():
+    """The unpack's engine-design baseline (issue 47) gets its columns and a summary line;
+    rows timed before it was in the grid still print, its columns blank."""
+    def row(b, eng_us, verdict):
+        r = {"B": b, "H": 128, "N": 8, "D": 512, "dtype": "bfloat16", "rounds": 3,
+             "target": 0.95}
+        for op in ("pack", "unpack"):
+            r.update({f"{op}_us": 9.0, f"{op}_straightforward_us": 10.0, f"{op}_copy_us": 8.0,
+                      f"{op}_ratio": 0.9, f"{op}_pct_copy": 80.0, f"{op}_spread": 1.02,
+                      f"{op}_verdict": "met", f"{op}_ratio_ci": [0.88, 0.92], f"{op}_rounds": 3})
+        if eng_us is not None:
+            r.update({"unpack_engine_us": eng_us, "unpack_engine_ratio": 9.0 / eng_us,
+                      "unpack_engine_verdict": verdict})
+        return r
+
+    text = grid_table([row(64, 8.0, "missed"), row(128, 10.0, "met"), row(256, None, None)])
+    lines = text.splitlines()
+    assert lines[0].endswith("|   eng us   /eng    v")
+    assert lines[2].endswith("|     8.00  1.125 MISS") and lines[3].endswith("|    10.00  0.900   ok")
+    assert lines[4].count("|") == 2  # the older row: no engine columns
+    assert ("unpack vs the engine design (at most 1.0 x its time): 1 met, 0 undecided, 1 missed;"
+            " worst ratio 1.125 at B=64 H=128 N=8 D=512 bfloat16") in text
+    assert "engine design" not in grid_table([row(256, None, None)])

@@ -212,3 +212,27 @@ def test_decode_packs_load_in_the_stores_layout(compiled, b, h, n, lanes, lane_l
     assert tuning.launch("pack", b, h, lanes, n).lane_loads == lane_loads
     every = tuning.every_launch("pack", b, h, lanes, n)
     assert {c.lane_loads for c in every} == {True, False}  # the tests run both
+
+
+def test_launch_choices_are_cached_for_the_table_in_force(compiled, monkeypatch):
+    """An eager call looks its launch up (issue 47): the same object for the same problem, and
+    a fresh choice whenever the rules in force change (a swapped table, the interpreter, an
+    override), never a stale one."""
+    args = ("combine", 64, 16, 256, 8)
+    first = tuning.launch(*args)
+    assert tuning.launch(*args) is first
+    assert first == tuning.Launch(1, 256, 4)  # one head a program up to 16k rows, 4 warps
+    other = tuning.CANDIDATES["combine_one_tile"]  # a table whose rule above 16k rows differs
+    big = ("combine", 8192, 16, 256, 4)
+    table_big = tuning.launch(*big)
+    monkeypatch.setattr(tuning, "ACTIVE", other)
+    assert tuning.launch(*big) == tuning.Rule(tuning._ANY, 256, 1024, 8).launch(8192, 16, 256, 4)
+    assert tuning.launch(*big) != table_big
+    monkeypatch.setattr(tuning, "ACTIVE", tuning.TABLE)
+    assert tuning.launch(*big) == table_big
+    monkeypatch.setitem(tuning.OVERRIDES, "combine", tuning.Launch(2, 64, 2))
+    assert tuning.launch(*args) == tuning.Launch(2, 64, 2)
+    monkeypatch.delitem(tuning.OVERRIDES, "combine")
+    assert tuning.launch(*args) == first
+    monkeypatch.setattr(tuning._env, "INTERPRET", True)
+    assert tuning.launch(*args) == tuning.INTERPRETER["combine"].launch(64, 16, 256, 8)

@@ -1,0 +1,82 @@
+"""The benchmark's eager-call timing (dcp_a2a.testing.eager, issue 47) runs end to end and reports
+every op it promises, with the floors' empty kernels launched with the very arguments of the real
+launches. Structure only: on the CPU the kernels run in Triton's interpreter and the times mean
+nothing (speed is claimed by the GPU benchmark, never here)."""
+
+from __future__ import annotations
+
+import inspect
+import json
+
+import pytest
+
+from dcp_a2a.testing import eager
+
+pytestmark = pytest.mark.kernel
+
+
+def test_eager_rows_report_every_op_and_their_floors():
+    rows = eager.eager_rows(1, 4, 6, 2, "float16", "cpu", calls=2, repeats=2)
+    assert [r["op"] for r in rows] == list(eager.OPS)
+    for r in rows:
+        assert r["shape"] == "B=1 H=4 D=6 N=2 float16" and (r["calls"], r["repeats"]) == (2, 2)
+        assert len(r["runs_us"]) == 2 and r["us"] > 0 and all(t > 0 for t in r["runs_us"])
+    by_op = {r["op"]: r for r in rows}
+    for op, floors in (("pack_send", ["floor_pack"]), ("unpack_combine", ["floor_unpack"]),
+                       ("engine_unpack", ["floor_engine_unpack"]),
+                       ("lse_reduce_n1", ["floor_pack", "floor_unpack"])):
+        want = by_op[op]["us"] - sum(by_op[f]["us"] for f in floors)
+        assert by_op[op]["over_floor_us"] == pytest.approx(want)
+    assert by_op["floor_pack"]["over_floor_us"] is None
+    json.dumps(rows)  # the bench writes them into its JSON report
+    text = eager.eager_table(rows)
+    assert all(op in text for op in eager.OPS) and "2 back-to-back calls" in text
+
+
+def test_the_floors_launch_twins_of_the_real_kernels():
+    """Each empty twin has its kernel's parameters (names and which are constexprs), so that
+    it is launched exactly as the real kernel is."""
+    def params(k):
+        return [(p.name, p.annotation) for p in inspect.signature(k.fn).parameters.values()]
+
+    for (mod, name), twin in eager.twins().items():
+        assert params(twin) == params(getattr(mod, name)), name
+
+
+def test_capture_launch_records_one_launch_and_runs_nothing():
+    import torch
+
+    import dcp_a2a
+    from dcp_a2a.kernels import combine
+
+    recv = torch.zeros(2, 1, 2, 10, dtype=torch.float16)  # D = 8, P = 2
+    kernel = combine.combine_rows
+    twin, grid, args, kw = eager.capture_launch(
+        lambda: dcp_a2a.unpack_combine(recv, 8, 2, False, True))
+    assert twin is eager._empty_combine and combine.combine_rows is kernel  # restored
+    assert kw["N"] == 2 and len(args) == 16 and len(grid) == 2
+
+
+def test_issue47_probe_runs_on_the_cpu(tmp_path, capsys):
+    """docs/perf_data/issue47_probe.py --smoke: tiny shapes in the interpreter, every part of
+    the report and both tables (the GPU run is the measurement)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "docs" / "perf_data" / "issue47_probe.py"
+    spec = importlib.util.spec_from_file_location("issue47_probe", path)
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+    assert len(probe.ROWS) == 17
+    out = tmp_path / "probe.json"
+    assert probe.main([str(out), "--smoke"]) == 0
+    report = json.loads(out.read_text())
+    assert [(r["B"], r["dtype"]) for r in report["graph"]] == [(2, "float16")]
+    for r in report["graph"]:
+        assert {"ours", "engine", "sf", "head_w1"} <= set(r["times_us"])
+        assert r["verdict"] in ("met", "missed", "undecided") and len(r["ci"]) == 2
+    assert "elements" in report["graph"][0]["times_us"]  # 16-bit, even D: words or lanes
+    assert [r["op"] for r in report["eager"]] == list(eager.OPS)
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[-1].startswith("eager: 1 back-to-back calls")
+    assert any(line.startswith("ratios: medians of the per-round ratios") for line in printed)
