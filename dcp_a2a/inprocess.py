@@ -19,11 +19,47 @@ from .collective import lse_reduce_steps
 from .symm_mem import SymmMemBuffers
 
 
+def _same_across_ranks(what: str, tensors: Sequence, fields=("shape", "dtype", "device")
+                       ) -> None:
+    """Every rank's ``tensors[r]`` a tensor with rank 0's shape, dtype and device: ValueError
+    naming the first rank and field that differ (TypeError for a rank's non-tensor). What one
+    process's ranks hold must match as real ranks' calls must."""
+    for r, t in enumerate(tensors):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"rank {r}'s {what} must be a torch.Tensor, got {type(t).__name__}")
+    for r, t in enumerate(tensors[1:], start=1):
+        for field in fields:
+            mine, first = getattr(t, field), getattr(tensors[0], field)
+            if mine != first:
+                show = tuple if field == "shape" else str
+                raise ValueError(f"rank {r}'s {what} has {field} {show(mine)} but rank 0's has "
+                                 f"{show(first)}: every rank must pass the same {field}")
+
+
 def all_to_all(sends: Sequence[torch.Tensor], recvs: Sequence[torch.Tensor] | None = None
                ) -> list[torch.Tensor]:
     """Every rank's receive buffer: ``recvs[r][src] = sends[src][r]`` (each ``[N, ...]``).
-    Written into ``recvs`` when given, else into fresh contiguous tensors."""
+    Written into ``recvs`` when given, else into fresh contiguous tensors.
+
+    Every send (and recv) has one shape, dtype and device, with N slices on its first axis:
+    anything else is a ValueError naming the rank and the field (a rank with more slices than
+    there are ranks would leave part of a receive buffer unwritten)."""
     n = len(sends)
+    _same_across_ranks("send buffer", sends)
+    if n and (sends[0].dim() < 1 or sends[0].shape[0] != n):
+        raise ValueError(
+            f"rank 0's send buffer has shape {tuple(sends[0].shape)}: its first axis must "
+            f"hold one slice per rank, {n}")
+    if recvs is not None:
+        if len(recvs) != n:
+            raise ValueError(f"got {n} ranks' send buffers but {len(recvs)} receive buffers")
+        _same_across_ranks("receive buffer", recvs)
+        for field in ("shape", "dtype", "device"):
+            if n and getattr(recvs[0], field) != getattr(sends[0], field):
+                show = tuple if field == "shape" else str
+                raise ValueError(
+                    f"rank 0's receive buffer has {field} {show(getattr(recvs[0], field))} but "
+                    f"the send buffers have {show(getattr(sends[0], field))}")
     if recvs is None:
         recvs = [torch.empty_like(sends[r], memory_format=torch.contiguous_format)
                  for r in range(n)]
@@ -73,6 +109,13 @@ def lse_reduce_in_process(outs: Sequence[torch.Tensor], lses: Sequence[torch.Ten
     n = len(outs)
     if len(lses) != n:
         raise ValueError(f"got {n} outputs but {len(lses)} LSEs")
+    # ranks of one call hold partials of one shape: checked here, naming the rank, rather than
+    # failing in an exchange between tensors of different sizes
+    _same_across_ranks("out", outs)
+    _same_across_ranks("lse", lses)
+    if seq_lens is not None and len(seq_lens) != n:
+        raise ValueError(f"got {n} ranks' partials but {len(seq_lens)} ranks' seq_lens "
+                         "(one tensor a rank)")
     if buffers is not None:
         if len(buffers) != n:
             raise ValueError(f"got {n} ranks' partials but {len(buffers)} ranks' buffers")

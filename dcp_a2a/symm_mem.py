@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .wire import BITS_DTYPE, check_head_split, lse_pack_dim, require_int
+from .wire import BITS_DTYPE, check_group, check_head_split, lse_pack_dim, require_int
 
 
 @dataclass
@@ -137,8 +137,7 @@ class SymmMemBuffers:
 
     def __init__(self, group, *, max_tokens: int, num_heads: int, head_dim: int,
                  dtype: torch.dtype, device=None) -> None:
-        n = require_int("group.world_size", group.world_size, 1)
-        r = require_int("group.rank_in_group", group.rank_in_group, 0)
+        n, r = check_group(group)  # first: None or a bare object is a TypeError, as in lse_reduce
         device = torch.device(device) if device is not None else (
             torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available()
             else torch.device("cpu"))
