@@ -1,17 +1,26 @@
 """Staging buffers for the exchange, and the rules that keep them valid under CUDA graphs.
 
-Three ways engines broke this feature, and the rule here that rules each one out:
+The hazards, in the terms of PyTorch's rule for CUDA graphs (memory a graph was captured with
+must stay its own while the graph can replay; memory a capture frees goes back to its pool,
+where graphs captured later may place their own tensors, which is safe as long as the graphs
+never run concurrently and each graph's output is consumed after its own replay), and the
+rule here that rules each one out:
 
-1. A shared, growable workspace handed out the send/recv buffers; a CUDA graph captured their
-   addresses; a later eager call with a larger batch regrew the workspace and freed the block the
-   graph still wrote to (illegal memory access on replay).
+1. An address baked into a graph, freed to the eager allocator and taken by live tensors. A
+   shared, growable workspace handed out the send/recv buffers also during capture; a later,
+   larger eager call regrew it, freeing the block the graph still wrote on every replay
+   (illegal memory access, or other tensors silently overwritten).
    -> Buffers handed out while a stream is capturing are never part of the eager cache: each
       capture gets its own buffers, and this owner keeps a reference to them for its whole
       lifetime. Eager growth only ever replaces eager buffers.
-2. Several graphs (one per batch size) were captured from one shared memory pool; a staging
-   tensor allocated during one capture was freed after it, and the pool handed the same address
-   to the next capture (garbled output on replay).
-   -> Same rule: captured buffers are pinned by this owner, so the pool can never recycle them.
+2. A buffer kept and handed out again while a graph that uses it can still replay. Engines
+   capture one graph per batch size, several FULL-graph descriptors sharing one pool; the DCP
+   staging an implementation had handed to one graph stayed in its cache and was handed out
+   again (regrown by another batch size, its address recycled into other graphs' live
+   buffers) while the first graph still replayed into it (garbled output on replay).
+   -> Same rule: what a capture was given is pinned for that graph alone and never handed out
+      again. (Allocating staging per call and letting it go, as vLLM's packed path does, is
+      legal too: the pool then recycles the memory only within PyTorch's rule.)
 3. The staging buffer was carved from the workspace region that also held the attention output
    being packed, so the pack kernel overwrote its own input.
    -> Buffers come from their own allocations, never from a caller's workspace, and

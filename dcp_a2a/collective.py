@@ -21,6 +21,7 @@ Backends
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any, Generator
 
@@ -43,6 +44,9 @@ from .wire import (
 )
 
 BACKENDS = ("packed", "two_collective", "ag_rs", "symm_mem")
+# opt-in: before the exchange, check with one small all-gather that every rank of the group makes
+# the same call (see check_ranks_agree); "1" turns it on for every lse_reduce of the process
+CHECK_RANKS_ENV = "DCP_A2A_CHECK_RANKS"
 
 Step = tuple[str, Any]
 
@@ -78,21 +82,77 @@ def _check_group(group) -> tuple[int, int]:
     return n, r
 
 
-def _check_process_group(pg, n: int) -> None:
-    """A group of N > 1 needs a live process group of N ranks: checked here so that a missing
-    one is a ValueError before any kernel runs, not an error inside the collective."""
+def _check_process_group(pg, n: int, r: int) -> None:
+    """A group of N > 1 needs a process group of N ranks in which this process is rank r:
+    checked here, on the host and without a collective, so that a missing or mismatched group
+    is a ValueError before any kernel runs, not an error (or a silently wrong merge: ag_rs
+    weights the local output by the rank it is told) inside the collective. The rank is asked
+    of the group object itself (``dist.get_rank(pg)`` refuses groups torch did not register)."""
     import torch.distributed as dist
 
     if pg is None:
         raise ValueError(
             f"group.device_group is None but world_size={n}: pass the torch.distributed "
             "ProcessGroup of the DCP group (None is only allowed for a group of one)")
-    if not dist.is_available() or not dist.is_initialized():
-        raise ValueError(f"world_size={n} needs torch.distributed: call "
-                         "torch.distributed.init_process_group first")
-    if isinstance(pg, dist.ProcessGroup) and pg.size() != n:
+    if not dist.is_available():
+        raise ValueError(f"world_size={n} needs torch.distributed, which this torch lacks")
+    if not isinstance(pg, dist.ProcessGroup):
+        if not dist.is_initialized():
+            raise ValueError(f"world_size={n} needs torch.distributed: call "
+                             "torch.distributed.init_process_group first")
+        return
+    if pg.size() != n:
         raise ValueError(f"group.device_group has {pg.size()} ranks but "
                          f"group.world_size={n}")
+    if pg.rank() != r:
+        raise ValueError(f"group.rank_in_group={r} but this process is rank {pg.rank()} of "
+                         "group.device_group: the DCP group's rank must be the process "
+                         "group's")
+
+
+_DTYPE_CODES = {torch.float16: 0, torch.bfloat16: 1, torch.float32: 2}
+
+
+def check_ranks_agree(out, lse, pg, n: int, *, backend: str, is_lse_base_on_e: bool) -> None:
+    """Refuse (ValueError on every rank, naming the field and the ranks) a call whose B, H, D,
+    output dtype, LSE base or backend differ between the ranks of the group: they would abort
+    the collective on one rank or return garbage on another. Costs one all-gather of 6 int64
+    and a host sync, so it is opt-in (``lse_reduce(check_ranks=True)`` or
+    ``$DCP_A2A_CHECK_RANKS=1``) and skipped while a CUDA graph is being captured (the eager
+    warm-up call before a capture runs it)."""
+    if out.is_cuda and torch.cuda.is_current_stream_capturing():
+        return
+    fields = ("B", "H", "D", "dtype", "LSE base", "backend")
+    names = {v: k for k, v in _DTYPE_CODES.items()}
+    mine = [*out.shape, _DTYPE_CODES.get(out.dtype, -1), int(bool(is_lse_base_on_e)),
+            BACKENDS.index(backend)]
+    shown = {3: lambda v: str(names.get(v, "?")).removeprefix("torch."),
+             4: lambda v: "e" if v else "2", 5: lambda v: BACKENDS[v]}
+    local = torch.tensor(mine, dtype=torch.int64, device=out.device)
+    table = torch.empty(n * len(mine), dtype=torch.int64, device=out.device)
+    _all_gather(table, local, pg)
+    rows = table.view(n, len(mine)).tolist()
+    problems = []
+    for i, field in enumerate(fields):
+        values = {}
+        for rank, row in enumerate(rows):
+            values.setdefault(row[i], []).append(rank)
+        if len(values) > 1:
+            show = shown.get(i, str)
+            problems.append(f"{field}: " + "; ".join(
+                f"{show(v)} on rank{'s' if len(rs) > 1 else ''} {', '.join(map(str, rs))}"
+                for v, rs in values.items()))
+    if problems:
+        raise ValueError("lse_reduce: the ranks of the group disagree on the call ("
+                         + " | ".join(problems) + "); every rank must pass the same B, H, D, "
+                         "dtype, LSE base and backend")
+
+
+def _check_ranks_enabled(check_ranks) -> bool:
+    if check_ranks is not None:
+        require_bool("check_ranks", check_ranks)
+        return check_ranks
+    return os.environ.get(CHECK_RANKS_ENV, "") not in ("", "0")
 
 
 @dataclass(frozen=True)
@@ -279,7 +339,7 @@ def drive(steps: Generator[Step, Any, Any], step_fn) -> Any:
 
 def lse_reduce(out, lse, group, *, return_lse=False, is_lse_base_on_e=True, seq_lens=None,
                query_start_loc=None, backend="packed",
-               buffers: StagingBuffers | SymmMemBuffers | None = None):
+               buffers: StagingBuffers | SymmMemBuffers | None = None, check_ranks=None):
     """Merge this rank's DCP attention partial with its peers'.
 
     ``out[B, H, D]`` (fp16/bf16/fp32, any strides) and ``lse[B, H]`` (fp32/bf16/fp16) are this
@@ -287,12 +347,18 @@ def lse_reduce(out, lse, group, *, return_lse=False, is_lse_base_on_e=True, seq_
     [r*H/N, (r+1)*H/N) in out's dtype, and ``(out, lse[B, H/N] float32)`` when ``return_lse``.
     ``group`` is any object with ``world_size``, ``rank_in_group`` and ``device_group``.
     ``backend="symm_mem"`` needs ``buffers=SymmMemBuffers(group, ...)`` made once per group.
+    ``check_ranks`` (default: ``$DCP_A2A_CHECK_RANKS``): first check, with one small
+    all-gather, that every rank passes the same B, H, D, dtype, LSE base and backend
+    (:func:`check_ranks_agree`); off by default, it costs a collective and a host sync.
     """
     n, r = _check_group(group)
+    checking = _check_ranks_enabled(check_ranks)
     steps = lse_reduce_steps(out, lse, n, r, return_lse=return_lse,
                              is_lse_base_on_e=is_lse_base_on_e, seq_lens=seq_lens,
                              query_start_loc=query_start_loc, backend=backend, buffers=buffers)
     pg = group.device_group
     if n > 1:
-        _check_process_group(pg, n)
+        _check_process_group(pg, n, r)
+        if checking:
+            check_ranks_agree(out, lse, pg, n, backend=backend, is_lse_base_on_e=is_lse_base_on_e)
     return drive(steps, lambda kind, payload: _dist_step(kind, payload, pg, n))

@@ -1,7 +1,7 @@
 """Worked example: a thin adapter that puts an engine's DCP combine behind the dcp_a2a contract,
 so the conformance tier can validate it:
 
-    pytest -m conformance --impl reference.adapter_example -n 2
+    pytest -m conformance --impl dcp_a2a.reference.adapter_example -n 2
 
 The "engine" here is :mod:`reference.wire`: pack/unpack functions that take positional
 arguments and check almost nothing, and no ``lse_reduce`` at all — the situation of an engine

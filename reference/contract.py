@@ -1,7 +1,8 @@
 """The dcp_a2a contract in pure PyTorch: a second, independent, correct implementation.
 
-Use it as the implementation under test (``pytest -m conformance --impl reference.contract``),
-as a CPU fallback, or as the base of an adapter. It never imports ``dcp_a2a``.
+Use it as the implementation under test (``pytest -m conformance --impl
+dcp_a2a.reference.contract``), as a CPU fallback, or as the base of an adapter. It never imports
+``dcp_a2a``.
 
     lse_pack_dim(dtype) -> int
     pack_send(out, lse, send, world_size, h_per_rank, head_dim, lse_pack_dim,
@@ -21,20 +22,18 @@ Every step is a method of :class:`ReferenceContract`, so a variant (an engine ad
 deliberately broken mutant in ``dcp_a2a/testing/mutants/``) overrides one step and keeps the
 rest. Bad input raises ``ValueError``/``TypeError`` naming the problem before any collective.
 
-Under CUDA graph capture every tensor a call creates is held for the life of the instance
-(:attr:`ReferenceContract.held_for_graphs`): a replay writes those intermediates again, and
-memory released after the capture goes back to the graph pool, where a later capture sharing
-the pool may place its own live buffers (the conformance tier's graphs clause).
+Every call allocates its temporaries (the send and receive buffers, the float64 sums) and lets
+them go, as ordinary PyTorch code does, under CUDA graph capture too: memory a capture frees
+goes back to the graph's pool, which is safe under PyTorch's rule for graphs sharing a pool
+(each graph's output is read after its own replay, before another graph of the pool replays).
+The conformance tier's graphs clause holds implementations to that rule and no stricter one.
 """
 
 from __future__ import annotations
 
-import functools
 import math
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
 
 from .combine import sanitize_lse
 from . import wire
@@ -93,47 +92,8 @@ def _disjoint(dst_name, dst, **srcs):
                              "alias the tensors it is built from")
 
 
-def _capturing() -> bool:
-    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
-
-
-class _HoldEveryTensor(TorchDispatchMode):
-    """Appends every tensor an operator returns to ``held``: views and in-place results too
-    (a reference to a view keeps its whole allocation), views of the caller's tensors included,
-    which only lengthens their lives."""
-
-    def __init__(self, held: list):
-        super().__init__()
-        self.held = held
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        result = func(*args, **(kwargs or {}))
-        self.held.extend(t for t in tree_leaves(result) if isinstance(t, torch.Tensor))
-        return result
-
-
-def _held_under_capture(method):
-    """Run a kernel-like entry point (pack_send, unpack_combine) holding, under CUDA graph
-    capture, all it allocates (see the module docstring). Eager calls are untouched."""
-
-    @functools.wraps(method)
-    def entry(self, *args, **kwargs):
-        if not _capturing():
-            return method(self, *args, **kwargs)
-        with _HoldEveryTensor(self.held_for_graphs):
-            return method(self, *args, **kwargs)
-
-    return entry
-
-
 class ReferenceContract:
     """The contract as overridable steps. Module-level functions are bound to one instance."""
-
-    @property
-    def held_for_graphs(self) -> list:
-        """Every tensor created by calls under CUDA graph capture; clear it only once the
-        graphs that captured them are gone."""
-        return self.__dict__.setdefault("_held_for_graphs", [])
 
     # ------------------------------------------------------------------- the wire format
     def lse_pack_dim(self, dtype: torch.dtype) -> int:
@@ -289,10 +249,17 @@ class ReferenceContract:
         r = _int("group.rank_in_group", group.rank_in_group, 0)
         if r >= n:
             raise ValueError(f"group.rank_in_group={r} is not below world_size={n}")
+        pg = group.device_group
+        if n > 1 and hasattr(pg, "size") and hasattr(pg, "rank"):  # a ProcessGroup: ask it
+            if pg.size() != n:
+                raise ValueError(f"group.device_group has {pg.size()} ranks but "
+                                 f"group.world_size={n}")
+            if pg.rank() != r:
+                raise ValueError(f"group.rank_in_group={r} but this process is rank "
+                                 f"{pg.rank()} of group.device_group")
         return n, r
 
     # ------------------------------------------------------------------- the contract
-    @_held_under_capture
     def pack_send(self, out, lse, send, world_size, h_per_rank, head_dim, lse_pack_dim,
                   seq_lens=None, query_start_loc=None) -> None:
         """Write ``send[N, B, H/N, D+P]`` from ``out[B, H, D]`` and ``lse[B, H]``; rows masked
@@ -327,7 +294,6 @@ class ReferenceContract:
         lanes = self.lse_to_lanes(self.peer_major(lse32, world_size, hpr), send.dtype)
         send.view(_INT_OF_WIDTH[send.element_size()])[..., D:].copy_(lanes)
 
-    @_held_under_capture
     def unpack_combine(self, recv, head_dim, lse_pack_dim, return_lse, is_lse_base_on_e):
         """Merge ``recv[N, B, H/N, D+P]``: ``out[B, H/N, D]`` in recv's dtype, and with
         ``return_lse`` also ``lse[B, H/N]`` float32 (base 2 when not ``is_lse_base_on_e``)."""
@@ -364,10 +330,6 @@ class ReferenceContract:
         self.pack_send(out, lse, send, n, hpr, D, p, seq_lens=seq_lens,
                        query_start_loc=query_start_loc)
         recv = self.exchange(send, group)
-        if _capturing():
-            # the wire buffers are this call's allocations too; the collective itself runs
-            # outside any hold (pack_send and unpack_combine hold their own)
-            self.held_for_graphs.extend((send, recv))
         return self.unpack_combine(recv, D, p, return_lse, is_lse_base_on_e)
 
     def functions(self):

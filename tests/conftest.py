@@ -1,12 +1,11 @@
 """The project's test suite: the fixtures come from the suite's pytest plugin
-(dcp_a2a/testing/plugin.py), which the shipped conformance suite uses too."""
+(dcp_a2a/testing/plugin.py, loaded by pyproject.toml's addopts), which the shipped conformance
+suite uses too."""
 
 import os
 import sys
 
 import pytest
-
-pytest_plugins = ("dcp_a2a.testing.plugin",)
 
 # The suite starts about a hundred Python processes (pools of ranks, torchrun launches, the
 # self-check's pytest sessions). Where the environment forbids writing byte code (container

@@ -132,7 +132,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="comma list of BxHxD[:dtype] (dtype restricts that shape to one dtype)")
     p.add_argument("--base", default="both", choices=("e", "2", "both"),
                    help="LSE base: natural (e), base 2 (FlashInfer MLA), or both (default)")
-    p.add_argument("--out", default=None, help="write the JSON report here (rank 0)")
+    p.add_argument("--out", default=None,
+                   help="write the JSON report here (rank 0); checked before the first case, "
+                        "and rewritten after every case (\"complete\": false until the end)")
     p.add_argument("--dist-backend", default="auto", choices=("auto", "gloo", "nccl"),
                    help="auto: nccl when every local rank can have a GPU of its own, else "
                         "gloo")
@@ -238,10 +240,12 @@ def _sync(device):
         torch.cuda.synchronize(device)
 
 
-def run(args: argparse.Namespace, pg=None, device=None) -> dict | None:
+def run(args: argparse.Namespace, pg=None, device=None, on_case=None) -> dict | None:
     """Run every case on process group ``pg`` (default WORLD) with tensors on ``device``.
 
-    Returns the report on rank 0 of the group, ``None`` on the others.
+    Returns the report on rank 0 of the group, ``None`` on the others. Each case's rows are
+    gathered as soon as it ends; ``on_case(report)`` (rank 0) sees the report of the cases done
+    so far (``complete`` false), so a long job that dies later keeps what it finished.
     """
     import torch.distributed as dist
 
@@ -273,7 +277,16 @@ def run(args: argparse.Namespace, pg=None, device=None) -> dict | None:
 
     plan = [(shape, dt_name, base_e) for shape in shapes for dt_name in args.dtype
             if shape.dtype is None or shape.dtype == dt_name for base_e in bases]
-    rows = []
+    merged = []
+    meta = dict(world_size=world, dist_backend=dist.get_backend(pg),
+                device=str(device) if not gpu else torch.cuda.get_device_name(device),
+                triton_interpreter=_env.INTERPRET, implementation=impl.spec,
+                torch=torch.__version__, python=platform.python_version(), seed=args.seed,
+                spread=args.spread, warmup=warmup, iters=iters,
+                shapes=[str(s) + (f":{s.dtype}" if s.dtype else "") for s in shapes],
+                skipped_shapes=skipped, backends_not_run=not_run,
+                tolerances=str(tol.tolerances_path()),
+                cases_planned=len(plan) * len(backends))
     # progress on rank 0 (stderr): large GPU shapes take seconds a case (the float64 oracle)
     bar = tqdm(plan, desc=f"accuracy N={world}", unit="case", disable=rank != 0 or args.quiet)
     for case, (shape, dt_name, base_e) in enumerate(bar, start=1):
@@ -292,12 +305,15 @@ def run(args: argparse.Namespace, pg=None, device=None) -> dict | None:
         outs_slice = torch.stack(outs_slice)
         lses_slice = torch.stack(lses_slice)
         results = {}
+        rows = []
         for be in backends:
             kw = dict(return_lse=True, is_lse_base_on_e=base_e)
             if be != "default":
                 kw["backend"] = be
             if be == "symm_mem":
                 kw["buffers"] = _symm_buffers(group, shape, dtype, device)
+            if project:  # every case first checks that the ranks make the same call
+                impl.lse_reduce(mine[0], mine[1], group, check_ranks=True, **kw)
             for _ in range(warmup):
                 impl.lse_reduce(mine[0], mine[1], group, **kw)
             times = []
@@ -323,18 +339,30 @@ def run(args: argparse.Namespace, pg=None, device=None) -> dict | None:
             rows.append(row)
         if "packed" in results:
             po, pl = results["packed"]
-            case_rows = {row["backend"]: row for row in rows[-len(backends):]}
+            case_rows = {row["backend"]: row for row in rows}
             for be in BITWISE_EQUAL_TO_PACKED:
                 if be in results:
                     o, s = results[be]
                     case_rows[be]["bitwise_eq_packed"] = bool(
                         torch.equal(_bits(po), _bits(o)) and torch.equal(_bits(pl), _bits(s)))
         del outs_slice, lses_slice, mine, results
+        gathered = [None] * world
+        dist.all_gather_object(gathered, rows, group=pg)
+        if rank == 0:
+            merged += merge_rows(gathered)
+            if on_case is not None:
+                on_case(_report(meta, merged, complete=False))
+    return _report(meta, merged, complete=True) if rank == 0 else None
 
-    gathered = [None] * world
-    dist.all_gather_object(gathered, rows, group=pg)
-    if rank != 0:
-        return None
+
+def _report(meta: dict, merged: list[dict], complete: bool) -> dict:
+    return {"meta": meta, "cases": merged, "complete": complete,
+            "ok": complete and all(m["ok"] for m in merged)}
+
+
+def merge_rows(gathered: list[list[dict]]) -> list[dict]:
+    """One case's rows of every rank -> one row per backend: the worst error over the ranks,
+    the slowest rank's time, bitwise equality on every rank."""
     merged = []
     for i, row in enumerate(gathered[0]):
         per_rank = [g[i] for g in gathered]
@@ -354,27 +382,7 @@ def run(args: argparse.Namespace, pg=None, device=None) -> dict | None:
                    and (m["lse"] is None or m["lse"]["failures"] == 0)
                    and m.get("bitwise_eq_packed", True))
         merged.append(m)
-    return {
-        "meta": {
-            "world_size": world,
-            "dist_backend": dist.get_backend(pg),
-            "device": str(device) if not gpu else torch.cuda.get_device_name(device),
-            "triton_interpreter": _env.INTERPRET,
-            "implementation": impl.spec,
-            "torch": torch.__version__,
-            "python": platform.python_version(),
-            "seed": args.seed,
-            "spread": args.spread,
-            "warmup": warmup,
-            "iters": iters,
-            "shapes": [str(s) + (f":{s.dtype}" if s.dtype else "") for s in shapes],
-            "skipped_shapes": skipped,
-            "backends_not_run": not_run,
-            "tolerances": str(tol.tolerances_path()),
-        },
-        "cases": merged,
-        "ok": all(m["ok"] for m in merged),
-    }
+    return merged
 
 
 class _Q:
@@ -426,6 +434,32 @@ LEGEND = ("columns: max|err| and ulp = the largest output error (absolute, and i
           "'(vs A2A tol r)' says how far it lands against the A2A paths' bound.")
 
 
+def out_path_problem(path: str) -> str | None:
+    """Why the report cannot be written at ``path`` (checked by creating a file beside it), or
+    None."""
+    import tempfile
+
+    parent = os.path.dirname(os.path.abspath(path)) or "."
+    if os.path.isdir(path):
+        return "is a directory"
+    if not os.path.isdir(parent):
+        return f"directory {parent} does not exist"
+    try:
+        with tempfile.NamedTemporaryFile(dir=parent, prefix=".accuracy-probe-"):
+            pass
+    except OSError as e:
+        return f"cannot write in {parent} ({e.strerror or e})"
+    return None
+
+
+def write_report(report: dict, path: str) -> None:
+    """Write the JSON report atomically (a reader never sees half a file)."""
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(report, f, indent=2)
+    os.replace(tmp, path)
+
+
 def main(argv=None) -> int:
     import datetime
 
@@ -460,8 +494,17 @@ def main(argv=None) -> int:
     kw = {"device_id": device} if backend == "nccl" else {}
     dist.init_process_group(backend, timeout=datetime.timedelta(minutes=10), **kw)
     try:
+        # rank 0 writes --out: it checks the path before any case and every rank learns the
+        # verdict (one rank leaving early would leave the others waiting in a collective)
+        problem = [out_path_problem(args.out) if dist.get_rank() == 0 and args.out else None]
+        dist.broadcast_object_list(problem, src=0)
+        if problem[0]:
+            if dist.get_rank() == 0:
+                print(f"error: --out {args.out}: {problem[0]}", file=sys.stderr)
+            return 2
+        save = (lambda rep: write_report(rep, args.out)) if args.out else None
         try:
-            report = run(args, None, device)
+            report = run(args, None, device, on_case=save)
         except ValueError as e:
             if dist.get_rank() == 0:
                 print(f"error: {e}", file=sys.stderr)
@@ -469,9 +512,8 @@ def main(argv=None) -> int:
         if report is not None:
             if not args.quiet:
                 print(format_table(report), flush=True)
-            if args.out:
-                with open(args.out, "w") as f:
-                    json.dump(report, f, indent=2)
+            if save:
+                save(report)
         status = torch.tensor([exit_status(report)], dtype=torch.int32,
                               device=device if backend == "nccl" else "cpu")
         dist.broadcast(status, src=0)

@@ -29,6 +29,37 @@ def _tier_list(value: str) -> list[str]:
     return tiers
 
 
+def _positive_int(value: str) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value!r}")
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {n}")
+    return n
+
+
+def _eval_backends(value: str) -> str:
+    from .. import BACKENDS
+
+    known = ("reference",) + BACKENDS  # what the GSM8K driver accepts (evals.gsm8k.BACKENDS)
+    names = [b.strip() for b in value.split(",") if b.strip()]
+    bad = [b for b in names if b not in known]
+    if bad or not names:
+        raise argparse.ArgumentTypeError(
+            f"unknown backend(s) {', '.join(bad) or '(none)'}; choose from {', '.join(known)}")
+    return ",".join(names)
+
+
+def _eval_model(value: str) -> str:
+    from ..evals.model import MODELS
+
+    if value not in MODELS:
+        raise argparse.ArgumentTypeError(
+            f"unknown model {value!r}; choose from {', '.join(MODELS)}")
+    return value
+
+
 def _workers(value: str):
     if value == "auto":
         return value
@@ -51,11 +82,14 @@ def build_parser() -> argparse.ArgumentParser:
         description="Detect the machine (CPU, GPUs, eval model, GSM8K data), run each test tier "
                     "that can run here, print a summary and write DIR/validation.json, "
                     "DIR/validation.md and DIR/ulp_<dtype>.png. Exit status: 0 all ran tiers "
-                    "passed, 1 a failure, 2 usage error, 3 a tier asked for with --tiers cannot "
-                    "run here, 130 interrupted.")
+                    "passed, 1 a failure, 2 usage error (an empty or unusable --impl too), 3 "
+                    "something asked for cannot run here (a tier named in --tiers, or the evals "
+                    "of --evals), 130 interrupted.")
     v.add_argument("--impl", default=None, metavar="SPEC",
                    help="implementation under test, package.module[:attr] (default: "
-                        "$DCP_A2A_IMPL or dcp_a2a); passed to pytest as --impl")
+                        "$DCP_A2A_IMPL or dcp_a2a; an empty value is refused); passed to pytest "
+                        "as --impl. Under another implementation than dcp_a2a only the tests "
+                        "that exercise it run")
     v.add_argument("--tiers", type=_tier_list, default=None, metavar="T1,T2",
                    help="tiers to run (unit,kernel,multiproc,conformance,numerics,gpu,multigpu,"
                         "e2e); default: every tier this machine supports")
@@ -71,12 +105,17 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--gsm8k-dir", type=Path, default=None, metavar="DIR",
                    help="GSM8K JSONL directory (default: $DCP_A2A_GSM8K_DIR or "
                         "../shared/data/gsm8k next to the repo)")
-    v.add_argument("--gsm8k-limit", type=int, default=None, metavar="K",
+    v.add_argument("--gsm8k-limit", type=_positive_int, default=None, metavar="K",
                    help="questions in the GSM8K subset with --evals (default 50 on a GPU, 10 on "
                         "CPU: ~10 s a question per backend there)")
-    v.add_argument("--gsm8k-backends", default="reference,packed", metavar="B1,B2",
+    v.add_argument("--gsm8k-backends", type=_eval_backends, default="reference,packed",
+                   metavar="B1,B2",
                    help="backends compared on GSM8K, the first is the baseline "
                         "(default reference,packed)")
+    v.add_argument("--eval-model", type=_eval_model, default=None, metavar="NAME",
+                   help="model of the end-to-end evals (a registered one, prepared with "
+                        "python -m dcp_a2a.evals.prepare --model NAME; default: the strongest "
+                        "prepared one)")
     v.add_argument("--out", type=Path, default=Path("validation-report"), metavar="DIR",
                    help="report directory (default ./validation-report)")
     v.add_argument("-j", "--workers", type=_workers, default=None, metavar="N",
@@ -224,22 +263,22 @@ def validate(args) -> int:
 
     t_start = time.monotonic()
     started = val.now_iso()
-    impl = args.impl or os.environ.get("DCP_A2A_IMPL") or "dcp_a2a"
     if args.suite is not None and not (args.suite / "tests").is_dir():
         print(f"dcp-a2a validate: --suite {args.suite}: no tests/ directory there",
               file=sys.stderr)
         return EXIT_USAGE
-    suite = val.find_suite(args.suite)
-    from .impl import load_impl
+    from .impl import load_impl, resolve_spec
 
     try:
+        impl = resolve_spec(args.impl)
         impl_obj = load_impl(impl)
     except ValueError as e:
-        print(f"dcp-a2a validate: --impl {impl}: {e}", file=sys.stderr)
+        print(f"dcp-a2a validate: {e}", file=sys.stderr)
         return EXIT_USAGE
     missing = impl_obj.missing()
+    suite = val.find_suite(args.suite)
 
-    machine = val.detect_machine(args.gsm8k_dir)
+    machine = val.detect_machine(args.gsm8k_dir, args.eval_model)
     requested = args.tiers
     if requested and "e2e" in requested:
         args.evals = True
@@ -261,12 +300,19 @@ def validate(args) -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     progress = Progress(not args.no_progress)
     progress.message(
-        f"dcp-a2a validate: impl {impl}, device {machine['device']} "
+        f"dcp-a2a validate: impl {impl_obj.describe()}, device {machine['device']} "
         f"(x{machine['cuda_device_count']}), triton {machine['triton_mode']}; report -> {out_dir}")
     if missing:
         progress.message(f"  note: {impl} lacks {', '.join(missing)}; tests needing them skip")
     for p in plans:
         progress.message(f"  {p.name:<12} {'run' if p.run else 'not run: ' + p.reason}")
+    eval_jobs = []
+    if args.evals:
+        limit = args.gsm8k_limit or (50 if machine["cuda_device_count"] else 10)
+        eval_jobs = val.plan_evals(machine, out_dir, limit, args.gsm8k_backends, impl)
+        for job in eval_jobs:
+            if job.reason:
+                progress.message(f"  evals:{job.name:<6} not run: {job.reason}")
 
     results = []
     evals = []
@@ -278,10 +324,8 @@ def validate(args) -> int:
                                  progress=progress, suite=suite)
             progress.end_run(spec, res)
             results.append(res)
-        if args.evals:
-            limit = args.gsm8k_limit or (50 if machine["cuda_device_count"] else 10)
-            for job in val.plan_evals(machine, out_dir, limit, args.gsm8k_backends, impl):
-                evals.append(val.run_eval(job, out_dir, progress))
+        for job in eval_jobs:
+            evals.append(val.run_eval(job, out_dir, progress))
     except KeyboardInterrupt:
         interrupted = True
         if progress.bar is not None:
@@ -296,8 +340,8 @@ def validate(args) -> int:
             if d["nodeid"] not in selected_ids:
                 dropped.setdefault(d["nodeid"], d)
     dropped = list(dropped.values())
-    tiers = val.summarise_tiers(plans, records, dropped)
-    dtypes = val.summarise_dtypes(records)
+    tiers = val.summarise_tiers(plans, records, dropped, subject=impl)
+    dtypes = val.summarise_dtypes(records, subject=impl)
     tot = val.totals(records)
     runs_out = []
     for res in results:
@@ -322,6 +366,8 @@ def validate(args) -> int:
     failed = (any(t.status == "failed" for t in tiers) or bool(failures)
               or any(r["problem"] for r in runs_out) or any(e.status == "failed" for e in evals))
     requested_not_run = [p.name for p in plans if requested and p.name in requested and not p.run]
+    # --evals (or --tiers e2e) asks for the model-level jobs too: one that cannot run is not a pass
+    requested_not_run += [f"evals:{e.name}" for e in evals if e.status == "not run"]
     if interrupted:
         code = EXIT_INTERRUPTED
     elif failed:
@@ -341,12 +387,14 @@ def validate(args) -> int:
         "started_at": started,
         "wall_s": time.monotonic() - t_start,
         "command": ["dcp-a2a"] + sys.argv[1:],
+        "implementation": {"spec": impl, "module": impl_obj.module, "file": impl_obj.file,
+                           "missing": missing, "described": impl_obj.describe()},
         "options": {"impl": impl, "impl_missing": missing,
                     "tiers": requested, "quick": args.quick, "no_slow": args.no_slow,
                     "evals": args.evals,
                     "workers": args.workers, "out": str(out_dir), "pytest_args": extra,
                     "suite": str(suite.root), "suite_args": list(suite.args),
-                    "gsm8k_limit": args.gsm8k_limit},
+                    "gsm8k_limit": args.gsm8k_limit, "eval_model": args.eval_model},
         "machine": machine,
         "tiers": [val.as_plain(t) for t in tiers],
         "totals": tot,
@@ -383,6 +431,9 @@ def validate(args) -> int:
               f"`python -m dcp_a2a.testing.selfcheck`)")
     if requested_not_run:
         print(f"asked for but cannot run here: {', '.join(requested_not_run)} (exit status 3)")
+        for e in evals:
+            if e.status == "not run":
+                print(f"  evals:{e.name}: {e.reason}")
     return code
 
 

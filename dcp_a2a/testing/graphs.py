@@ -4,20 +4,42 @@ bug classes that reached engines after the packed all-to-all shipped.
     capture_grow_replay      capture lse_reduce at a small B; an eager call at a much larger B
                              (any buffer the implementation owns may grow); memory it freed is
                              taken back by other tensors; replay: bytes right, nothing else hit
-    pool_shuffled_replays    graphs of several B captured from one graph pool, each next to a
-                             static buffer of its own; replayed in a shuffled order, eager calls
-                             in between: every graph's output (and static buffer) right
+                             (an address baked into a graph, freed to the eager allocator and
+                             taken by live tensors)
+    pool_shuffled_replays    graphs of several B captured from one shared pool, replayed in a
+                             shuffled order with eager calls in between, each graph's output
+                             read right after its own replay (PyTorch's rule for a shared
+                             pool); two results held at once: a graph's output survives the
+                             replay of a graph captured after it, and eager results survive
+                             every replay (a buffer the implementation keeps and hands out
+                             again while a result that lives in it is still held)
+    results_held             eager calls of two batch sizes whose results are all held, then
+                             checked together: each result is the caller's (CPU too)
     staging_next_to_inputs   the partials carved from one workspace as engines carve them (out,
                              then lse, then other live data), also right after a previous call's
                              results were freed: inputs and neighbours untouched, results right
+                             (CPU too)
     streams_and_delay        calls on two CUDA streams queued behind one gate, so they run at
                              once; then one rank delayed by a spin kernel before its call:
                              results right
 
-Each scenario runs on one rank of a group (a group of one on one GPU, or an NCCL group), makes
-every rank's partials from seeds (so each rank can build the float64 oracle of its heads), and
-returns a list of failures, each naming the scenario, the step and the worst wrong element.
-Nothing here imports pytest: NCCL ranks run these functions.
+PyTorch's rule for graphs that share a memory pool: memory a capture frees goes back to the pool
+and a graph captured later may place its own tensors there, so replaying an earlier graph may
+rewrite a later graph's output. Safe in any replay order as long as the graphs never run
+concurrently and each graph's output is consumed after its own replay, before another graph of
+the pool replays -- how engines use one graph per batch size. An implementation may therefore
+allocate its temporaries per call (vLLM's packed path does); the scenarios above never read
+what that rule does not promise, and fail the real bug classes: an address baked into a graph
+that is freed to the eager allocator and taken by live tensors, or a buffer the implementation
+keeps and hands out again (staging, a workspace, a returned output) while a graph that uses it
+can still replay or a result that lives in it is still held.
+
+Each scenario runs on one rank of a group -- a group of one, N ranks of a real NCCL group, or
+one simulated rank of :class:`dcp_a2a.testing.mirror.MirrorGroup` (N ranks holding the same
+partials, every collective a device copy: the staging paths of N >= 2 on one GPU or the CPU,
+``mirror=True``) -- makes every rank's partials from seeds (so each rank can build the float64
+oracle of its heads), and returns a list of failures, each naming the scenario, the step and
+the worst wrong element. Nothing here imports pytest: NCCL ranks run these functions.
 """
 
 from __future__ import annotations
@@ -29,20 +51,26 @@ import torch
 from .compare import check_merge
 from .data import heads_of
 
-SCENARIOS = ("capture_grow_replay", "pool_shuffled_replays", "staging_next_to_inputs",
-             "streams_and_delay")
+SCENARIOS = ("capture_grow_replay", "pool_shuffled_replays", "results_held",
+             "staging_next_to_inputs", "streams_and_delay")
 CUDA_ONLY = ("capture_grow_replay", "pool_shuffled_replays", "streams_and_delay")
+ANY_DEVICE = ("results_held", "staging_next_to_inputs")
+MIRROR_SIZES = (2, 4, 8)  # simulated group sizes of the one-GPU (and CPU) runs
 H, D = 8, 96            # heads (any N in {1, 2, 4, 8} divides them) and a head dim of 96
 DTYPE = torch.bfloat16
 STREAM_ROWS = 2048        # rows of each call of streams_and_delay
 GATE_SPIN_CYCLES = 20_000_000  # ~10 ms: long enough to queue both calls behind the gate
 
 
-def partials(n: int, b: int, seed: int, device, dtype=DTYPE):
-    """Every rank's (out[N, B, H, D], lse[N, B, H] float32) for a step, on ``device``."""
+def partials(n: int, b: int, seed: int, device, dtype=DTYPE, mirror: bool = False):
+    """Every rank's (out[N, B, H, D], lse[N, B, H] float32) for a step, on ``device``. With
+    ``mirror`` the N partials are equal (what a MirrorGroup's ranks hold)."""
     g = torch.Generator(device="cpu").manual_seed(seed)
-    outs = torch.randn(n, b, H, D, generator=g).to(dtype)
-    lses = torch.randn(1, b, H, generator=g) * 8.0 + torch.randn(n, b, H, generator=g) * 4.0
+    k = 1 if mirror else n
+    outs = torch.randn(k, b, H, D, generator=g).to(dtype)
+    lses = torch.randn(1, b, H, generator=g) * 8.0 + torch.randn(k, b, H, generator=g) * 4.0
+    if mirror:
+        outs, lses = outs.expand(n, -1, -1, -1).clone(), lses.expand(n, -1, -1).clone()
     return outs.to(device), lses.to(device)
 
 
@@ -90,12 +118,13 @@ def _capture(fn, pool=None):
     return g, res
 
 
-def capture_grow_replay(impl, group, rank: int, n: int, device) -> list[str]:
+def capture_grow_replay(impl, group, rank: int, n: int, device, mirror: bool = False
+                        ) -> list[str]:
     chk = Checker("capture_grow_replay", rank, n)
-    outs, lses = partials(n, 4, 1, device)
+    outs, lses = partials(n, 4, 1, device, mirror=mirror)
     out, lse = outs[rank].clone(), lses[rank].clone()
     g, res = _capture(lambda: _call(impl, group, out, lse))
-    big_o, big_l = partials(n, 4096, 2, device)
+    big_o, big_l = partials(n, 4096, 2, device, mirror=mirror)
     chk.result("eager call at B=4096 after the capture", _call(impl, group, big_o[rank],
                                                                big_l[rank]), big_o, big_l)
     del big_o, big_l
@@ -105,7 +134,7 @@ def capture_grow_replay(impl, group, rank: int, n: int, device) -> list[str]:
     fillers = [torch.full((1 << k,), 0x5A, dtype=torch.uint8, device=device)
                for k in range(10, 24) for _ in range(3)]
     for step in range(3):
-        fresh_o, fresh_l = partials(n, 4, 10 + step, device)
+        fresh_o, fresh_l = partials(n, 4, 10 + step, device, mirror=mirror)
         out.copy_(fresh_o[rank])
         lse.copy_(fresh_l[rank])
         g.replay()
@@ -117,60 +146,87 @@ def capture_grow_replay(impl, group, rank: int, n: int, device) -> list[str]:
     return chk.failures
 
 
-def pool_shuffled_replays(impl, group, rank: int, n: int, device, replays: int = 200
-                          ) -> list[str]:
+POOL_SIZES = (1, 3, 8, 17, 64)  # batch sizes of the graphs sharing one pool, in capture order
+
+
+def pool_shuffled_replays(impl, group, rank: int, n: int, device, replays: int = 100,
+                          mirror: bool = False) -> list[str]:
     chk = Checker("pool_shuffled_replays", rank, n)
     pool = torch.cuda.graph_pool_handle()
-    graphs = {}
-    for b in (1, 3, 8, 17, 64):
-        outs, lses = partials(n, b, 100 + b, device)
+    graphs = []
+    for b in POOL_SIZES:
+        outs, lses = partials(n, b, 100 + b, device, mirror=mirror)
         out, lse = outs[rank].clone(), lses[rank].clone()
         fn = lambda o=out, l=lse: _call(impl, group, o, l)  # noqa: E731
         fn()
         torch.cuda.synchronize()
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g, pool=pool):
-            static = torch.full((4096,), b, dtype=torch.uint8, device=device)
             res = fn()
-        graphs[b] = dict(graph=g, res=res, static=static, inputs=(out, lse))
-    order = [b for b in graphs for _ in range(replays // len(graphs))]
-    random.Random(0).shuffle(order)  # the same order on every rank: the replays hold collectives
-    fed = {}
-    for i, b in enumerate(order):
-        gr = graphs[b]
-        fresh_o, fresh_l = partials(n, b, 1000 + i, device)
+        graphs.append(dict(b=b, graph=g, res=res, inputs=(out, lse), fed=None))
+
+    def replay(k: int, i: int) -> None:
+        gr = graphs[k]
+        fresh_o, fresh_l = partials(n, gr["b"], 1000 + 7 * i + k, device, mirror=mirror)
         gr["inputs"][0].copy_(fresh_o[rank])
         gr["inputs"][1].copy_(fresh_l[rank])
-        fed[b] = (fresh_o, fresh_l)
+        gr["fed"] = (fresh_o, fresh_l)
         gr["graph"].replay()
+        torch.cuda.synchronize()
+        chk.result(f"graph B={gr['b']} right after its replay {i + 1}", gr["res"], *gr["fed"])
+
+    held = []  # eager results: the caller's tensors, never in the pool: right to the end
+    order = [k for k in range(len(graphs)) for _ in range(replays // len(graphs))]
+    random.Random(0).shuffle(order)  # the same order on every rank: the replays hold collectives
+    for i, k in enumerate(order):
+        replay(k, i)
+        if k + 1 < len(graphs) and i % 3 == 0:
+            # two results held at once: a graph captured after graph k never takes memory that
+            # is live for graph k's output, so that output must survive its replay
+            later = k + 1 + i % (len(graphs) - k - 1)
+            replay(later, i)
+            chk.result(f"graph B={graphs[k]['b']} held while graph B={graphs[later]['b']} "
+                       f"(captured after it) replayed", graphs[k]["res"], *graphs[k]["fed"])
         if i % 25 == 24:  # an eager call in between, at a batch size of its own
-            eo, el = partials(n, 33, 5000 + i, device)
-            chk.result(f"eager call after replay {i + 1}", _call(impl, group, eo[rank], el[rank]),
-                       eo, el)
-        if i % 40 == 39 or i == len(order) - 1:
-            torch.cuda.synchronize()
-            for bb, gr2 in graphs.items():  # every graph's last output, not just this one's
-                if bb in fed:
-                    chk.result(f"graph B={bb} after {i + 1} shuffled replays", gr2["res"],
-                               *fed[bb])
-                if not bool(torch.all(gr2["static"] == bb)):
-                    chk.failures.append(f"pool_shuffled_replays, rank {rank}: graph B={bb}'s "
-                                        f"static buffer garbled after {i + 1} replays")
+            eo, el = partials(n, 33, 5000 + i, device, mirror=mirror)
+            res = _call(impl, group, eo[rank], el[rank])
+            chk.result(f"eager call after replay {i + 1}", res, eo, el)
+            held.append((i, res, eo, el))
+    torch.cuda.synchronize()
+    for i, res, eo, el in held:
+        chk.result(f"eager result of the call after replay {i + 1}, held to the end", res, eo,
+                   el)
     # (no early exit on a failure: every rank must issue the same collectives)
     return chk.failures
 
 
-def staging_next_to_inputs(impl, group, rank: int, n: int, device) -> list[str]:
+def results_held(impl, group, rank: int, n: int, device, mirror: bool = False) -> list[str]:
+    """(Needs no CUDA: it runs on the CPU too.)"""
+    chk = Checker("results_held", rank, n)
+    calls = []
+    for step, b in enumerate((5, 12, 5)):
+        o, lse = partials(n, b, 200 + step, device, mirror=mirror)
+        calls.append((step, b, _call(impl, group, o[rank], lse[rank]), o, lse))
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+    for step, b, res, o, lse in calls:
+        chk.result(f"call {step + 1} (B={b}), held while the {len(calls) - step - 1} later "
+                   "call(s) ran", res, o, lse)
+    return chk.failures
+
+
+def staging_next_to_inputs(impl, group, rank: int, n: int, device, mirror: bool = False
+                           ) -> list[str]:
     """(Needs no CUDA: it runs on the CPU too.)"""
     chk = Checker("staging_next_to_inputs", rank, n)
     sizes = (16, 64) if torch.device(device).type == "cpu" else (64, 512)
     for step, b in enumerate(sizes):
         # a previous call's results freed right before: the workspace below lands where they
         # (and any buffers the implementation released) were
-        po, pl = partials(n, b, 300 + step, device)
+        po, pl = partials(n, b, 300 + step, device, mirror=mirror)
         prev = _call(impl, group, po[rank], pl[rank])
         del prev, po, pl
-        outs, lses = partials(n, b, 400 + step, device)
+        outs, lses = partials(n, b, 400 + step, device, mirror=mirror)
         out_bytes = outs[rank].numel() * outs.element_size()
         lse_bytes = lses[rank].numel() * 4
         tail = 1 << 20
@@ -190,13 +246,13 @@ def staging_next_to_inputs(impl, group, rank: int, n: int, device) -> list[str]:
     return chk.failures
 
 
-def streams_and_delay(impl, group, rank: int, n: int, device, b: int = STREAM_ROWS
-                      ) -> list[str]:
+def streams_and_delay(impl, group, rank: int, n: int, device, b: int = STREAM_ROWS,
+                      mirror: bool = False) -> list[str]:
     chk = Checker("streams_and_delay", rank, n)
     hold, s1, s2 = (torch.cuda.Stream(device) for _ in range(3))
     for step in range(8):
-        a_o, a_l = partials(n, b, 600 + step, device)
-        b_o, b_l = partials(n, b, 700 + step, device)
+        a_o, a_l = partials(n, b, 600 + step, device, mirror=mirror)
+        b_o, b_l = partials(n, b, 700 + step, device, mirror=mirror)
         torch.cuda.synchronize()
         # Both streams wait on one gate that opens after a spin, so the two calls are queued in
         # full before either runs and then run at once. Without the gate the first call's
@@ -216,7 +272,7 @@ def streams_and_delay(impl, group, rank: int, n: int, device, b: int = STREAM_RO
         chk.result(f"call {step + 1} on stream 1 (B={b})", ra, a_o, a_l)
         chk.result(f"call {step + 1} on stream 2 (B={b})", rb, b_o, b_l)
     for step in range(4):
-        o, lse = partials(n, 256, 800 + step, device)
+        o, lse = partials(n, 256, 800 + step, device, mirror=mirror)
         if rank == step % max(n, 1):
             torch.cuda._sleep(50_000_000)  # ~25 ms of spinning before this rank's call
         chk.result(f"call {step + 1} with rank {step % max(n, 1)} delayed",
@@ -224,7 +280,21 @@ def streams_and_delay(impl, group, rank: int, n: int, device, b: int = STREAM_RO
     return chk.failures
 
 
-def run(scenario: str, impl, group, rank: int, n: int, device) -> list[str]:
+def run(scenario: str, impl, group, rank: int, n: int, device, mirror: bool = False
+        ) -> list[str]:
     if scenario not in SCENARIOS:
         raise ValueError(f"unknown scenario {scenario!r}: one of {', '.join(SCENARIOS)}")
-    return globals()[scenario](impl, group, rank, n, device)
+    return globals()[scenario](impl, group, rank, n, device, mirror=mirror)
+
+
+def mirror_group(n: int, rank: int | None = None):
+    """(group, rank) of simulated rank ``rank`` (default: 1, or 0 for a group of one) of a
+    MirrorGroup of ``n``; a plain group of one for ``n == 1``."""
+    from ..collective import Group
+
+    if n == 1:
+        return Group(1, 0, None), 0
+    from .mirror import MirrorGroup
+
+    rank = 1 if rank is None else rank
+    return Group(n, rank, MirrorGroup(n, rank)), rank

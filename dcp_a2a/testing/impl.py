@@ -3,13 +3,25 @@
 SPEC is ``package.module``, ``package.module:attr``, or the name of a shipped adapter
 (``vllm``: :mod:`dcp_a2a.testing.adapters.vllm`); the object must provide
 ``lse_pack_dim``, ``pack_send``, ``unpack_combine`` and ``lse_reduce`` with the contract's
-signatures (see the README). A missing function is reported, not guessed.
+signatures (see the README).
+
+Rules (docs/conformance.md, "What --impl accepts"):
+
+* no spec at all (no ``--impl``, ``$DCP_A2A_IMPL`` unset): the project's own ``dcp_a2a``;
+* an empty spec (``--impl ""``, ``DCP_A2A_IMPL=""``: typically an unset CI variable) is refused,
+  never read as "the default": a CI job meant to test an engine must not go green on dcp_a2a;
+* a spec that cannot be imported, or whose object has none of the four functions, is refused
+  (one usage error at start-up, not one failure per test);
+* an object with some of the functions is tested on what it has: a test that calls a missing
+  function raises :class:`MissingFunction`, which the suite's plugin turns into a skip naming
+  the function.
 """
 
 from __future__ import annotations
 
 import importlib
 import os
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,6 +30,42 @@ DEFAULT_SPEC = "dcp_a2a"
 ENV_VAR = "DCP_A2A_IMPL"
 # Shipped adapters, by the short names users pass (``--impl vllm``).
 ALIASES = {"vllm": "dcp_a2a.testing.adapters.vllm"}
+
+
+class MissingFunction(AttributeError):
+    """The implementation under test has no such contract function: the test that called it
+    cannot judge this implementation, so the suite skips it with this message."""
+
+    def __init__(self, spec: str, name: str):
+        super().__init__(f"implementation {spec} has no {name}")
+        self.spec, self.name = spec, name
+
+
+def missing_function_message(text: str) -> str | None:
+    """The message of a :class:`MissingFunction` that ended a formatted traceback (a rank's,
+    seen from the parent process), or None."""
+    tag = f"{MissingFunction.__module__}.{MissingFunction.__qualname__}: "
+    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
+    return lines[-1].split(tag, 1)[1] if lines and tag in lines[-1] else None
+
+
+def resolve_spec(option: str | None = None) -> str:
+    """The spec to test: ``option`` (a command line's ``--impl``) when given, else
+    ``$DCP_A2A_IMPL`` when set, else ``dcp_a2a``. An empty or blank one is a ValueError."""
+    if option is not None:
+        if not option.strip():
+            raise ValueError("--impl is empty (an unset variable?): name the implementation "
+                             "under test as package.module[:attr], or leave --impl out to test "
+                             f"{DEFAULT_SPEC} itself")
+        return option.strip()
+    env = os.environ.get(ENV_VAR)
+    if env is not None:
+        if not env.strip():
+            raise ValueError(f"${ENV_VAR} is set but empty (an unset variable?): name the "
+                             f"implementation under test, or unset {ENV_VAR} to test "
+                             f"{DEFAULT_SPEC} itself")
+        return env.strip()
+    return DEFAULT_SPEC
 
 
 @dataclass
@@ -36,17 +84,37 @@ class Implementation:
     def missing(self) -> list[str]:
         return [n for n in CONTRACT if not self.has(n)]
 
+    @property
+    def module(self) -> str:
+        return ALIASES.get(self.spec, self.spec).partition(":")[0]
+
+    @property
+    def file(self) -> str | None:
+        """The file of the module the spec names (where the code under test lives)."""
+        mod = sys.modules.get(self.module)
+        return getattr(mod, "__file__", None)
+
+    def describe(self) -> str:
+        """``spec (module path, file)``: exactly what is under test, for reports."""
+        where = self.file or "no file"
+        name = self.spec if self.module == self.spec else f"{self.spec} = {self.module}"
+        return f"{name} ({where})"
+
     def __getattr__(self, name: str):
         if name in CONTRACT:
             fn = getattr(self.obj, name, None)
-            if fn is None:
-                raise AttributeError(f"implementation {self.spec!r} has no {name}")
+            if not callable(fn):
+                raise MissingFunction(self.spec, name)
             return fn
         raise AttributeError(name)
 
 
 def load_impl(spec: str | None = None) -> Implementation:
-    spec = spec or os.environ.get(ENV_VAR) or DEFAULT_SPEC
+    """Import the implementation ``spec`` (None: :func:`resolve_spec`'s default). ValueError,
+    naming the problem, when it cannot be used at all."""
+    spec = resolve_spec(spec) if spec is None else spec
+    if not spec.strip():
+        raise ValueError("the implementation spec is empty: name it as package.module[:attr]")
     mod_name, _, attr = ALIASES.get(spec, spec).partition(":")
     try:
         obj = importlib.import_module(mod_name)
@@ -59,4 +127,8 @@ def load_impl(spec: str | None = None) -> Implementation:
             obj = getattr(obj, part)
         except AttributeError:
             raise ValueError(f"implementation spec {spec!r}: {mod_name} has no {attr}") from None
-    return Implementation(spec, obj)
+    impl = Implementation(spec, obj)
+    if len(impl.missing()) == len(CONTRACT):
+        raise ValueError(f"{spec} ({impl.file or mod_name}) has none of the contract's "
+                         f"functions ({', '.join(CONTRACT)}): not an implementation of it")
+    return impl

@@ -8,7 +8,10 @@ must see the ``--impl`` option before it reads the command line, hence ``-p``). 
 interpreter on where there is no CUDA (before any kernel is defined).
 
 Options: ``--impl SPEC`` (or ``$DCP_A2A_IMPL``): the implementation under test, see
-:mod:`dcp_a2a.testing.impl`. A spec that cannot be loaded is one usage error at start-up.
+:mod:`dcp_a2a.testing.impl`. A spec that is empty, cannot be loaded, or has none of the
+contract's functions is one usage error at start-up. A test that calls a function the
+implementation lacks skips, naming it (``needs(name)`` marks such tests ahead, so tests on a pool
+of ranks skip before any rank starts; a call of a missing function anywhere else skips too).
 """
 
 from __future__ import annotations
@@ -20,7 +23,8 @@ import torch
 
 import dcp_a2a  # noqa: F401  (chooses compiled or interpreted Triton before any kernel exists)
 
-from .impl import DEFAULT_SPEC, ENV_VAR, load_impl
+from .impl import (DEFAULT_SPEC, ENV_VAR, MissingFunction, load_impl,
+                   missing_function_message, resolve_spec)
 
 # The parts of the contract a conformance test can check (its ``clause`` marker); a report
 # groups failures by them, so an engine author reads divergences by class.
@@ -50,6 +54,8 @@ MARKERS = {
     "selfcheck": "runs the conformance tier against every mutant (minutes); not part of any "
                  "validate tier",
     "clause(name)": "the contract clause a conformance test checks: " + ", ".join(CLAUSES),
+    "needs(*names)": "contract functions the test calls: it skips on an implementation under "
+                     "test that lacks one",
     # pytest-xdist's own marker, registered here too so that runs without xdist (-p no:xdist)
     # still accept it under --strict-markers
     "xdist_group(name)": "tests that must share one xdist worker under --dist loadgroup",
@@ -82,12 +88,14 @@ def pytest_configure(config):
     config.addinivalue_line(
         "filterwarnings",
         r"ignore:invalid value encountered in multiply:RuntimeWarning:triton\.runtime\.interpreter")
-    spec = config.getoption("--impl") or os.environ.get(ENV_VAR) or DEFAULT_SPEC
     if not hasattr(config, "workerinput"):  # once, in the controller: a usage error, not N errors
         try:
+            spec = resolve_spec(config.getoption("--impl"))
             load_impl(spec)
         except ValueError as e:
-            raise pytest.UsageError(f"--impl {spec}: {e}") from None
+            raise pytest.UsageError(f"dcp_a2a: {e}") from None
+    else:
+        spec = os.environ[ENV_VAR]
     # workers (xdist, the rank pools) inherit the choice through the environment
     os.environ[ENV_VAR] = spec
 
@@ -95,8 +103,8 @@ def pytest_configure(config):
 # The conformance suite runs its cheapest, most discriminating checks first (so that ``-x``, as
 # the self-check runs each mutant, stops early): single-process contract tests, then the group of
 # 3 ranks, then numerics, then the pools of ranks.
-_SUITE_ORDER = ("conformance/test_args", "conformance/test_graphs", "conformance/test_wire_format",
-                "conformance/test_merge",
+_SUITE_ORDER = ("conformance/test_args", "conformance/test_wire_format", "conformance/test_merge",
+                "conformance/test_graphs",
                 "conformance/test_process_groups", "conformance/test_pack",
                 "conformance/test_combine", "conformance/test_group_of_one",
                 "conformance/numerics/", "conformance/test_multiproc", "conformance/test_nccl")
@@ -120,10 +128,42 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.xdist_group("rank_pool"))
 
 
+def _impl_under_test():
+    return load_impl(os.environ[ENV_VAR])
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    """``needs(name, ...)``: skip before the test (and any pool of ranks) starts."""
+    names = [n for m in item.iter_markers("needs") for n in m.args]
+    if names:
+        impl = _impl_under_test()
+        lacking = [n for n in names if not impl.has(n)]
+        if lacking:
+            pytest.skip(f"implementation {impl.spec} has no {', '.join(lacking)}")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    """A call of a contract function the implementation lacks, in this process or on every
+    failed rank of a pool (their tracebacks end in MissingFunction), skips the test."""
+    from .rankpool import PoolError
+
+    try:
+        return (yield)
+    except MissingFunction as e:
+        pytest.skip(str(e))
+    except PoolError as e:
+        why = {missing_function_message(tb) for tb in e.tracebacks.values()}
+        if e.tracebacks and not e.silent and len(why) == 1 and None not in why:
+            pytest.skip(why.pop())
+        raise
+
+
 @pytest.fixture(scope="session")
 def impl():
     """The implementation under test (see dcp_a2a.testing.impl). Contract tests use only this."""
-    return load_impl(os.environ[ENV_VAR])
+    return _impl_under_test()
 
 
 @pytest.fixture(scope="session")
@@ -153,12 +193,17 @@ def require(impl, *names):
 def merge_check(request):
     """Compare a merged result with the float64 oracle (dcp_a2a.testing.compare.check_merge),
     fail with the error in ulps and as a ratio to the bound, and record the report on the test
-    so the validation report can show headroom and the error distribution."""
+    (with the implementation it measured) so the validation report can show headroom and the
+    error distribution of the code under test."""
     from .compare import check_merge
+
+    # whose code produced the result: a test that takes the implementation under test measures
+    # it; the project's own tests (tests/kernel, ...) measure dcp_a2a whatever --impl says
+    subject = os.environ[ENV_VAR] if "impl" in request.fixturenames else DEFAULT_SPEC
 
     def _check(actual_out, actual_lse, outputs, lses, **kwargs):
         rep = check_merge(actual_out, actual_lse, outputs, lses, **kwargs)
-        request.node.user_properties.append(("merge_report", rep.as_dict()))
+        request.node.user_properties.append(("merge_report", rep.as_dict() | {"subject": subject}))
         if not rep.ok:
             raise AssertionError(rep.describe())
         return rep

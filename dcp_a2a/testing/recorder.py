@@ -13,7 +13,10 @@ Selection (``pytest_collection_modifyitems``, identical on every xdist worker):
 * ``--dcp-exclude m,n`` drop tests carrying any of these markers/tiers (tiers that cannot run
   here, e.g. ``gpu`` on a CPU machine, or ``multigpu`` when it runs in its own session);
 * ``--dcp-quick``      drop ``slow`` tests and keep one case (the first parametrisation) of
-  every test function, so the quick subset touches every test but stays small.
+  every test function, so the quick subset touches every test but stays small;
+* ``--dcp-impl-only``  keep only tests that exercise the implementation under test (they take
+  the ``impl`` fixture and not ``project_only``): under a foreign ``--impl`` the project's own
+  tests of its kernels would measure dcp_a2a, not the code the report names.
 
 Records. ``PREFIX.collection.json`` (written once, by the controller or xdist worker gw0) lists
 the selected node ids with their tiers and every dropped test with the reason.
@@ -34,7 +37,8 @@ from pathlib import Path
 
 import pytest
 
-TIERS = ("unit", "kernel", "multiproc", "conformance", "numerics", "gpu", "multigpu", "e2e")
+from .validate import OTHER_CODE, TIERS
+
 
 _MAX_TEXT = 6000
 # pytest's own marks say nothing about what a test covers
@@ -52,6 +56,8 @@ def pytest_addoption(parser):
                 help="drop tests carrying any of these markers/tiers")
     g.addoption("--dcp-quick", action="store_true", default=False,
                 help="drop slow tests; keep the first parametrisation of each test function")
+    g.addoption("--dcp-impl-only", action="store_true", default=False,
+                help="keep only tests of the implementation under test (the impl fixture)")
 
 
 def _csv(v):
@@ -72,6 +78,12 @@ def item_tiers(item) -> list[str]:
         if len(parts) >= 2 and parts[0] == "tests" and parts[1] in TIERS:
             tiers = [parts[1]]
     return tiers
+
+
+def tests_impl(item) -> bool:
+    """Whether a test exercises the implementation under test (``--impl``)."""
+    names = getattr(item, "fixturenames", ())
+    return "impl" in names and "project_only" not in names
 
 
 def _is_worker(config) -> bool:
@@ -102,7 +114,8 @@ def pytest_collection_modifyitems(session, config, items):
     tiers_opt = _csv(config.getoption("--dcp-tiers"))
     exclude = set(_csv(config.getoption("--dcp-exclude")))
     quick = config.getoption("--dcp-quick")
-    if prefix is None and not tiers_opt and not exclude and not quick:
+    impl_only = config.getoption("--dcp-impl-only")
+    if prefix is None and not tiers_opt and not exclude and not quick and not impl_only:
         return
     keep, dropped, seen_functions = [], [], set()
     for item in items:
@@ -113,6 +126,8 @@ def pytest_collection_modifyitems(session, config, items):
             reason = "tier not selected" if tiers else "in no tier"
         elif exclude & (set(tiers) | set(marks)):
             reason = "excluded: " + ",".join(sorted(exclude & (set(tiers) | set(marks))))
+        elif impl_only and not tests_impl(item):
+            reason = OTHER_CODE
         elif quick:
             if "slow" in marks:
                 reason = "quick: slow"

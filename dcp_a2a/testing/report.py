@@ -56,6 +56,9 @@ def summary_table(report: dict) -> str:
         extra = []
         if t["not_run"]:
             extra.append(f"{_n(t['not_run'], 'test')} not run: also in a tier not run here")
+        if t.get("other_code"):
+            extra.append(f"{_n(t['other_code'], 'test')} of dcp_a2a's own code left out "
+                         "(not the implementation under test)")
         if t["left_out"]:
             extra.append(f"{t['left_out']} left out by --quick")
         if t["status"] in ("skipped", "no tests") and t.get("reason"):
@@ -69,6 +72,9 @@ def summary_table(report: dict) -> str:
             rows.append(("evals:" + e["name"], STATUS_MARK.get(e["status"], e["status"]), "1",
                          str(int(e["status"] == "passed")), str(int(e["status"] == "failed")),
                          "0", "0", "-", "-", fmt_time(e["wall_s"])))
+            if e["status"] == "failed":
+                notes.append(f"  {'evals:' + e['name']:<12} failed: {e.get('reason') or '?'} "
+                             f"(log: {e.get('log')})")
     tot = report["totals"]
     rows.append(("total", "PASS" if report["ok"] else "FAIL", str(tot["cases"]),
                  str(tot["passed"] + tot["xpassed"]),
@@ -84,10 +90,10 @@ def summary_table(report: dict) -> str:
         if k == 0 or k == len(rows) - 2:
             lines.append("  ".join("-" * w for w in widths))
     m = report["machine"]
-    head = (f"dcp-a2a validate  impl={report['options']['impl']}  on {describe_devices(m)}"
+    head = (f"dcp-a2a validate  on {describe_devices(m)}"
             f"  torch {m['torch']}  triton {m['triton']} ({m['triton_mode']})"
             + ("  [quick]" if report["options"]["quick"] else ""))
-    out = [head, ""] + lines
+    out = [implementation_line(report), head, ""] + lines
     if notes:
         out += [""] + notes
     fails = report.get("failures", [])
@@ -117,6 +123,12 @@ def summary_table(report: dict) -> str:
             f"report: {report['paths']['markdown']}  {report['paths']['json']}"
             + "".join(f"  {p}" for p in report["paths"]["png"].values())]
     return "\n".join(out)
+
+
+def implementation_line(report: dict) -> str:
+    """The first line of every summary: exactly whose code the numbers below measured."""
+    i = report["implementation"]
+    return f"implementation under test: {i['described']}"
 
 
 def failures_by_clause(fails: list[dict]) -> dict[str, list]:
@@ -231,7 +243,15 @@ def write_markdown(report: dict, path: Path) -> None:
     o = report["options"]
     L = [f"# dcp_a2a validation — {'PASSED' if report['ok'] else 'FAILED'}", ""]
     L.append(f"{report['started_at']} · wall {fmt_time(report['wall_s'])} · exit status "
-             f"{report['exit_status']} · impl `{o['impl']}`" + (" · quick subset" if o["quick"] else ""))
+             f"{report['exit_status']}" + (" · quick subset" if o["quick"] else ""))
+    impl = report["implementation"]
+    L += ["", f"**Implementation under test:** `{impl['spec']}` — module `{impl['module']}`, "
+              f"file `{impl['file'] or '-'}`"
+              + (f"; lacks {', '.join(impl['missing'])} (tests needing them skip)"
+                 if impl["missing"] else "")
+              + ". Every count, error and plot below measures this code"
+              + ("" if impl["spec"] == "dcp_a2a" else
+                 "; the project's tests of its own kernels are left out") + "."]
     L += ["", "## Machine", "", "| | |", "|---|---|"]
     gpus = (", ".join(f"{g['name']} ({g['memory_gib']} GiB)" for g in m["gpus"])
             or "none (CPU only)")
@@ -247,8 +267,8 @@ def write_markdown(report: dict, path: Path) -> None:
         L.append(f"| {k} | {v} |")
     L += ["", "## Tiers", "",
           "| tier | status | cases | passed | failed | skipped | xfailed | not run | left out "
-          "(--quick) | worst err/tol | headroom | time | worst case |",
-          "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|"]
+          "(--quick) | other code | worst err/tol | headroom | time | worst case |",
+          "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|"]
     for t in report["tiers"]:
         wc = t.get("worst_case") or {}
         wcs = (f"`{wc['nodeid']}` ({wc['dtype']}, {wc['kind']}, N={wc['world_size']})"
@@ -256,12 +276,12 @@ def write_markdown(report: dict, path: Path) -> None:
         status = t["status"] + (f": {t['reason']}" if t.get("reason") else "")
         L.append(f"| {t['name']} | {status} | {t['cases']} | {t['passed'] + t['xpassed']} | "
                  f"{t['failed']} | {t['skipped']} | {t['xfailed']} | {t['not_run']} | "
-                 f"{t['left_out']} | {fmt_ratio(t['worst_ratio'])} | "
+                 f"{t['left_out']} | {t.get('other_code', 0)} | {fmt_ratio(t['worst_ratio'])} | "
                  f"{fmt_headroom(t['headroom'])} | {fmt_time(t['time_s'])} | {wcs} |")
     tot = report["totals"]
     L.append(f"| **total** | {'passed' if report['ok'] else 'FAILED'} | {tot['cases']} | "
              f"{tot['passed'] + tot['xpassed']} | {tot['failed'] + tot['error']} "
-             f"| {tot['skipped']} | {tot['xfailed']} | | | {fmt_ratio(report.get('worst_ratio'))} | "
+             f"| {tot['skipped']} | {tot['xfailed']} | | | | {fmt_ratio(report.get('worst_ratio'))} | "
              f"{fmt_headroom(report.get('headroom'))} | {fmt_time(report['wall_s'])} (wall) | |")
     L += ["", "A test in several tiers (kernel + conformance) runs once and counts in each row; "
           "the total counts tests. Tier time is the sum of its tests' durations; the total is "
@@ -272,11 +292,13 @@ def write_markdown(report: dict, path: Path) -> None:
           "not a near miss. xfailed: strict expected failures (the broken designs the tests "
           "must catch); their reasons are listed below."]
     if report.get("evals"):
-        L += ["", "## End-to-end evals", "", "| job | status | time | result |", "|---|---|--:|---|"]
+        L += ["", "## End-to-end evals", "", "| job | status | time | result | log |",
+              "|---|---|--:|---|---|"]
         for e in report["evals"]:
-            res = e.get("result_file") or ""
+            res = f"`{e['result_file']}`" if e.get("result_file") else "-"
+            log = f"`{e['log']}`" if e.get("log") else "-"
             st = e["status"] + (f": {e['reason']}" if e.get("reason") else "")
-            L.append(f"| {e['name']} | {st} | {fmt_time(e['wall_s'])} | {res} |")
+            L.append(f"| {e['name']} | {st} | {fmt_time(e['wall_s'])} | {res} | {log} |")
         for e in report["evals"]:
             md = Path(e["result_file"]).parent / "results.md" if e.get("result_file") else None
             if md and md.is_file():

@@ -27,8 +27,13 @@ RANK_PRELOAD = ("dcp_a2a.testing.tasks", "triton.experimental.gluon")
 
 def new_pool(world_size: int, **kw) -> RankPool:
     """A gloo pool for these tasks: ranks on the GPUs where there are any (compiled kernels),
-    else CPU ranks forked from the shared, preloaded fork server (interpreted kernels)."""
-    return RankPool(world_size, preload=RANK_PRELOAD, **kw)
+    else CPU ranks forked from the shared, preloaded fork server (interpreted kernels). Its
+    ranks check that every rank makes the same call (``$DCP_A2A_CHECK_RANKS``): a test whose
+    ranks disagree fails with the field that differs, not with a gloo abort or garbage."""
+    from dcp_a2a.collective import CHECK_RANKS_ENV
+
+    env = {CHECK_RANKS_ENV: "1", **kw.pop("env", {})}
+    return RankPool(world_size, preload=RANK_PRELOAD, env=env, **kw)
 
 _BITS = {2: torch.int16, 4: torch.int32, 8: torch.int64}
 
@@ -166,16 +171,28 @@ def symm_refusal(ctx, n: int) -> str:
     return "accepted"
 
 
-def reduce_expect_error(ctx, n: int, out, lse, kwargs: dict):
+def reduce_expect_error(ctx, n: int, out, lse, kwargs: dict, rank_in_group=None):
     """Call ``lse_reduce`` with arguments that must be rejected; return the exception's type
     name and message (or None when nothing was raised). Must return promptly on every rank:
-    an argument check that runs after a collective would leave the peers hanging."""
+    an argument check that runs after a collective would leave the peers hanging.
+    ``rank_in_group``: the rank the DCP group object claims (default: the true one)."""
     impl = _impl()
+    group = ctx.group(n)
+    if rank_in_group is not None:
+        from dcp_a2a.collective import Group
+
+        group = Group(group.world_size, rank_in_group, group.device_group)
     try:
-        impl.lse_reduce(out.to(ctx.device), lse.to(ctx.device), ctx.group(n), **kwargs)
+        impl.lse_reduce(out.to(ctx.device), lse.to(ctx.device), group, **kwargs)
     except Exception as e:  # the test checks the type
         return type(e).__name__, str(e)
     return None
+
+
+def reduce_expect_error_per_rank(ctx, n: int, kwargs: dict, out, lse, rank_in_group=None):
+    """:func:`reduce_expect_error` with this rank's own inputs (``per_rank``): ranks that
+    disagree on the call."""
+    return reduce_expect_error(ctx, n, out, lse, kwargs, rank_in_group)
 
 
 # --------------------------------------------------------------------------- pool mechanics

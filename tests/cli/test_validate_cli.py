@@ -129,7 +129,12 @@ def test_quick_subset_and_passing_exit(tmp_path, capsys):
     from dcp_a2a.testing.report import describe_devices
 
     devices = describe_devices(rep["machine"])  # "CPU (no CUDA GPU)" or "2 x NVIDIA H200"
-    assert f"on {devices}" in summary and "xfail" in summary.splitlines()[2]
+    lines = summary.splitlines()
+    import dcp_a2a
+
+    # the first line says whose code every number below measured: module and file
+    assert lines[0] == f"implementation under test: dcp_a2a ({dcp_a2a.__file__})"
+    assert f"on {devices}" in lines[1] and "xfail" in lines[3]
     assert "| unit | passed | 3 | 3 | 0 | 0 | 0 | 0 | 3 |" in (out / "validation.md").read_text()
     assert code == cli.EXIT_OK and rep["ok"]
     unit = _tier(rep, "unit")

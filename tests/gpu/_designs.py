@@ -1,5 +1,5 @@
-"""Staging-buffer designs that shipped elsewhere and broke, for the incident tests to show they
-catch what they claim to catch. Each is a drop-in for dcp_a2a.StagingBuffers."""
+"""Staging-buffer designs that shipped elsewhere, for the incident tests to show they catch what
+they claim to catch and nothing more. Each is a drop-in for dcp_a2a.StagingBuffers."""
 
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ from dcp_a2a import StagingBuffers
 
 
 class GrowableWorkspace(StagingBuffers):
-    """Incident 1: one shared growable workspace per tag, handed out during capture as well;
-    a larger eager call regrows it and frees the block a captured graph still uses."""
+    """Incidents 1 and 2 (broken): one shared growable workspace per tag, handed out during
+    capture as well; a larger call regrows it and frees, to the eager allocator, the block a
+    captured graph still writes on every replay."""
 
     def get(self, shape, dtype, device, tag, avoid=()):
         numel = 1
@@ -25,8 +26,10 @@ class GrowableWorkspace(StagingBuffers):
 
 
 class PerCallAllocation(StagingBuffers):
-    """Incident 2: a fresh tensor per call, released when the call returns; under several
-    captures sharing one memory pool the pool recycles the address."""
+    """Legal: a fresh tensor per call, released when the call returns (vLLM's packed path).
+    Under captures sharing one pool the pool may give the memory to a later capture, which is
+    safe under PyTorch's rule for shared pools (a graph's output is read after its own replay,
+    before another graph of the pool replays)."""
 
     def get(self, shape, dtype, device, tag, avoid=()):
         return torch.empty(shape, dtype=dtype, device=device)

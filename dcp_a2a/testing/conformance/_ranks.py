@@ -93,6 +93,7 @@ from dcp_a2a.testing.rankpool import cpu_rank_environment, gpu_count, rank_devic
 def _rank_main(rank: int, init_file: str, out_dir: str, spec: str, device_type: str) -> None:
     if device_type == "cpu":
         os.environ["TRITON_INTERPRET"] = "1"  # CPU tensors need Triton's interpreter
+    os.environ["DCP_A2A_CHECK_RANKS"] = "1"  # ranks that disagree fail naming the field
     import torch.distributed as dist
 
     from dcp_a2a.testing.impl import load_impl

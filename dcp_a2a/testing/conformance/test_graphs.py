@@ -1,40 +1,51 @@
 """Buffer lifetimes under CUDA graphs and streams, for any implementation (the scenarios of
-dcp_a2a.testing.graphs): on one GPU (a group of one: the exchange is the identity, the buffers
-are real) and on an NCCL group of 2 ranks. The mutant corpus holds one broken implementation
-per scenario class (graph_buffer_regrows, graph_output_shared, staging_carved_next_to_inputs,
-staging_shared_across_streams);
-the self-check shows each is killed here on a GPU machine."""
+dcp_a2a.testing.graphs): on one GPU at N = 1 (a group of one) and at N = 2, 4, 8 (one simulated
+rank of a MirrorGroup: every collective a device copy, so an implementation's staging for N >= 2
+runs and is captured on one GPU), on the CPU for the scenarios that need no CUDA, and on an NCCL
+group of 2 ranks. The mutant corpus holds one broken implementation per scenario class
+(graph_buffer_regrows, graph_output_shared, staging_carved_next_to_inputs,
+staging_regrows_multi_rank, staging_shared_across_streams); the self-check shows each is killed
+here on a GPU machine."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from dcp_a2a import Group
 from dcp_a2a.testing import graphs
 from dcp_a2a.testing import tasks as mp_tasks
 from dcp_a2a.testing.plugin import need_gpus
 
-pytestmark = [pytest.mark.conformance, pytest.mark.clause("graphs")]
+pytestmark = [pytest.mark.conformance, pytest.mark.clause("graphs"),
+              pytest.mark.needs("lse_reduce")]
+SIZES = (1,) + graphs.MIRROR_SIZES
 
 
 def _report(failures):
     assert not failures, f"{len(failures)} failure(s):\n" + "\n".join(failures[:20])
 
 
+def _run(scenario, impl, n, device):
+    group, rank = graphs.mirror_group(n)
+    return graphs.run(scenario, impl, group, rank, n, device, mirror=n > 1)
+
+
 @pytest.mark.gpu
+@pytest.mark.parametrize("n", SIZES, ids=lambda n: f"N{n}")
 @pytest.mark.parametrize("scenario", graphs.CUDA_ONLY)
-def test_on_one_gpu(impl, scenario):
+def test_on_one_gpu(impl, scenario, n):
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU (CUDA graphs and streams)")
-    _report(graphs.run(scenario, impl, Group(1, 0, None), 0, 1, torch.device("cuda", 0)))
+    _report(_run(scenario, impl, n, torch.device("cuda", 0)))
 
 
 @pytest.mark.kernel
-def test_staging_next_to_inputs(impl, device):
-    """Partials carved from one workspace (out, lse, live neighbours), right after a previous
+@pytest.mark.parametrize("n", SIZES, ids=lambda n: f"N{n}")
+@pytest.mark.parametrize("scenario", graphs.ANY_DEVICE)
+def test_on_this_device(impl, device, scenario, n):
+    """Results held together, and partials carved from one workspace right after a previous
     call's results were freed: on the CPU too."""
-    _report(graphs.run("staging_next_to_inputs", impl, Group(1, 0, None), 0, 1, device))
+    _report(_run(scenario, impl, n, device))
 
 
 @pytest.mark.multigpu

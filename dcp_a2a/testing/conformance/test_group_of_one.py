@@ -10,7 +10,8 @@ import torch
 from dcp_a2a import Group
 from dcp_a2a.testing.data import DTYPES, partials
 
-pytestmark = [pytest.mark.kernel, pytest.mark.conformance, pytest.mark.clause("exchange")]
+pytestmark = [pytest.mark.kernel, pytest.mark.conformance, pytest.mark.clause("exchange"),
+              pytest.mark.needs("lse_reduce")]
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)

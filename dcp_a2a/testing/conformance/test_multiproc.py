@@ -18,7 +18,8 @@ from dcp_a2a.testing import tasks as mp_tasks
 from dcp_a2a.testing.data import DTYPES, partials
 from dcp_a2a.testing.groups import masked_partials, run_and_check
 
-pytestmark = [pytest.mark.multiproc, pytest.mark.conformance, pytest.mark.clause("exchange")]
+pytestmark = [pytest.mark.multiproc, pytest.mark.conformance, pytest.mark.clause("exchange"),
+              pytest.mark.needs("lse_reduce")]
 
 BASES = (True, False)  # is_lse_base_on_e
 

@@ -11,6 +11,7 @@ from dcp_a2a.testing.plugin import need_gpus as _need
 
 pytestmark = [
     pytest.mark.multigpu, pytest.mark.multiproc, pytest.mark.conformance, pytest.mark.clause("exchange"),
+    pytest.mark.needs("lse_reduce"),
 ]
 
 

@@ -18,7 +18,8 @@ from filelock import FileLock
 from dcp_a2a.testing.conformance._ranks import BY_NAME, SCENARIOS, run_group, scenario_inputs
 from dcp_a2a.testing.data import heads_of
 
-pytestmark = [pytest.mark.conformance, pytest.mark.multiproc, pytest.mark.clause("exchange")]
+pytestmark = [pytest.mark.conformance, pytest.mark.multiproc, pytest.mark.clause("exchange"),
+              pytest.mark.needs("lse_reduce")]
 
 
 @pytest.fixture(scope="session")

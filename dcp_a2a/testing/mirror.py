@@ -1,0 +1,88 @@
+"""A process group of N simulated ranks in one process, for graph and buffer scenarios at
+N = 2, 4, 8 on a single GPU (or the CPU).
+
+:class:`MirrorGroup` is a ``torch.distributed.ProcessGroup`` (a Python subclass, passed to the
+public ``torch.distributed`` collectives like any group) standing for rank ``r`` of a group of
+``N`` ranks that all hold the same partials. Each collective is then a device copy on the
+current stream, so it can be captured in a CUDA graph:
+
+    all_to_all_single  recv[s] = send[r] for every s   (rank s sent what rank r sends: the same)
+    all_gather         out[s] = in for every s
+    reduce_scatter     out = in[r] summed N times      (in the dtype, rank order 0..N-1)
+
+Every implementation's staging is exercised as on a real group of N (an implementation that
+passes a group of one straight through packs and exchanges here), and the expected merge is
+known exactly: N equal partials merge to the slice itself, with LSE = lse + log N (log2 N in
+base 2). What it cannot see: a peer-mapping bug (every slice is equal), so real gloo and NCCL
+groups stay the reference for those.
+
+Usage: ``Group(n, r, MirrorGroup(n, r))`` (or any object with world_size, rank_in_group and
+device_group). ``torch.distributed`` needs no ``init_process_group`` for it.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch.futures import Future
+
+
+class _Done(dist.Work):
+    """The work of a collective that was queued on the current stream when it was called."""
+
+    def __init__(self, result):
+        super().__init__()
+        self._result = result
+
+    def wait(self, timeout=None) -> bool:
+        return True
+
+    def is_completed(self) -> bool:
+        return True
+
+    def get_future(self):
+        fut = Future()
+        fut.set_result(self._result)
+        return fut
+
+
+class MirrorGroup(dist.ProcessGroup):
+    """Rank ``rank`` of ``size`` simulated ranks holding identical partials (see the module)."""
+
+    def __init__(self, size: int, rank: int):
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise ValueError(f"MirrorGroup size must be an int >= 1, got {size!r}")
+        if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < size:
+            raise ValueError(f"MirrorGroup rank must be an int in [0, {size}), got {rank!r}")
+        super().__init__(rank, size)
+        self._n, self._r = size, rank
+
+    def getBackendName(self) -> str:  # noqa: N802 (torch's name)
+        return "mirror"
+
+    # the collectives, under the names torch >= 2.13 calls and the older ones
+    def all_to_all_single(self, output, input, output_split_sizes=None, input_split_sizes=None,
+                          opts=None):
+        if output_split_sizes or input_split_sizes:
+            raise ValueError("MirrorGroup.all_to_all_single: only even splits")
+        n = self._n
+        output.view(n, -1).copy_(input.reshape(n, -1)[self._r].expand(n, -1))
+        return _Done(output)
+
+    alltoall_base = all_to_all_single
+
+    def all_gather_single(self, output, input, opts=None):
+        output.view(self._n, -1).copy_(input.reshape(1, -1).expand(self._n, -1))
+        return _Done(output)
+
+    _allgather_base = all_gather_single
+
+    def reduce_scatter_single(self, output, input, opts=None):
+        part = input.reshape(self._n, -1)[self._r]
+        flat = output.view(-1)
+        flat.copy_(part)
+        for _ in range(self._n - 1):  # the sum of N equal terms, in the dtype, as a ring would
+            flat.add_(part)
+        return _Done(output)
+
+    _reduce_scatter_base = reduce_scatter_single
