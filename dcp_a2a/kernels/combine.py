@@ -131,7 +131,7 @@ def combine_rows(
     # The rank loops are unrolled (N is a constexpr: one compile per group size), and a tile's
     # data is loaded before the weights are computed, so the LSEs and all N data loads can be
     # in flight together. (One [BLOCK_N, BLOCK_H, BLOCK_D] tile was tried: slower at every
-    # shape; docs/perf.md.)
+    # shape; docs/perf_history.md.)
     if ONE_TILE:
         d = tl.arange(0, BLOCK_D)
         md = row_ok[:, None] & (d < D)[None, :]

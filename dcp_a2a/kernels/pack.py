@@ -14,7 +14,8 @@ fp32, or 16-bit outputs moved as words) writes G consecutive heads of one (peer,
 chunk of G * (W + 1) words, W the head's words; with G and H/N multiples of 4 every chunk starts
 on a 16-byte boundary, so it stores 16-byte vectors. Each vector's four words come from two
 aligned source vectors and the head's LSE, shuffled in registers. The launch table picks it for
-large problems (docs/perf.md, fifth pass) and for 512-lane heads from 4k to 8k rows (seventh).
+large problems (docs/perf_history.md, fifth pass) and for 512-lane heads from 4k to 8k rows
+(seventh).
 Both kernels run on a token-major grid (programs dispatched one after another take consecutive
 tokens) or a head-major one (``HEAD_MAJOR``: consecutive heads of a token, so that the programs
 running at once read consecutive bytes; the table's choice for 512-lane heads above 8k rows).

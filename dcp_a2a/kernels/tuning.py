@@ -5,7 +5,7 @@ captured, and the tests can run every configuration the table can pick
 (``every_launch``): the kernels' results are bitwise the same under each of them (no FMA
 contraction, fixed summation order; see :mod:`dcp_a2a.kernels.merge_math`). The benchmark
 (``python -m dcp_a2a.testing.bench --sweep``) overrides the table through ``OVERRIDES`` to time variants
-in one run; docs/perf.md records what was tried and why these rows won.
+in one run; docs/perf_history.md records what was tried and why these rows won.
 """
 
 from __future__ import annotations
@@ -115,7 +115,7 @@ class Rule:
 _ANY = float("inf")
 # Lanes count 32-bit words on the paired path (16-bit dtypes, even D): D=512 bf16 is 256 lanes.
 TABLE: dict[str, tuple[Rule, ...]] = {
-    # (docs/perf.md, fourth pass: a sweep of heads a program x warps at every grid point)
+    # (docs/perf_history.md, fourth pass: a sweep of heads a program x warps at every grid point)
     # up to 256 rows 256 lanes a program, 4 warps; up to 1024 rows 512 lanes, 4 warps (a
     # D=512 bf16 head is 256 lanes: one or two heads a program); up to 64k rows 512 lanes and
     # one warp (16 lanes a thread: many small programs, which the sweep found best from 2k to
@@ -193,9 +193,9 @@ INTERPRETER = {"pack": Rule(_ANY, 1024, 4096, 4),
                "combine": Rule(_ANY, 512, 4096, 4, span_tokens=True),
                "scale": Rule(_ANY, 512, 4096, 4, span_tokens=True)}
 
-# The pack rules as the tenth pass left them (docs/perf.md): two or four heads and 4 warps a
-# program for heads of 128 lanes up to 1024 rows; one head and one warp, vector loads, for
-# heads of 512 lanes from 2k to 4k rows.
+# The pack rules as the tenth pass left them (docs/perf_history.md): two or four heads and 4
+# warps a program for heads of 128 lanes up to 1024 rows; one head and one warp, vector loads,
+# for heads of 512 lanes from 2k to 4k rows.
 _PACK_TENTH = TABLE["pack"][:2] + TABLE["pack"][3:7] + TABLE["pack"][8:]
 # ... and as the ninth pass did: one head a program for heads of 256 lanes up to 256 rows.
 _PACK_NINTH = _PACK_TENTH[:1] + _PACK_TENTH[2:]
@@ -214,7 +214,8 @@ _PACK_FIFTH = (Rule(256, 1024, 256, 4), Rule(1024, 1024, 512, 4), Rule(65536, 10
                _PACK_SIXTH[5])
 
 # Tables the benchmark can compare with TABLE in one run (``python -m dcp_a2a.testing.bench
-# --grid --tables table,head_per_program``); docs/perf.md has the grid where these were chosen.
+# --grid --tables table,head_per_program``); docs/perf_history.md has the grid where these were
+# chosen.
 CANDIDATES: dict[str, dict[str, tuple[Rule, ...]]] = {
     "table": TABLE,
     "head_per_program": {  # one head per program up to 16k rows in both kernels, 4 warps
@@ -222,17 +223,17 @@ CANDIDATES: dict[str, dict[str, tuple[Rule, ...]]] = {
         "combine": (Rule(16384, 512, 1, 4), Rule(_ANY, 128, 1024, 8)),
         "scale": TABLE["scale"],
     },
-    # pack at decode sizes (docs/perf.md, 2026-12-01): 512 lanes a program, 2 warps (the table
-    # until then); one head a program with 4 warps; 512 lanes with 4 warps; one head a program
-    # also up to 16k rows
+    # pack at decode sizes (docs/perf_history.md, 2026-12-01): 512 lanes a program, 2 warps (the
+    # table until then); one head a program with 4 warps; 512 lanes with 4 warps; one head a
+    # program also up to 16k rows
     "pack_512_lanes": {**TABLE, "pack": (Rule(1024, 1024, 512, 2), Rule(_ANY, 1024, 4096, 8))},
     "pack_head_4w": {**TABLE, "pack": (Rule(1024, 1024, 1, 4), Rule(_ANY, 1024, 4096, 8))},
     "pack_512_lanes_4w": {**TABLE, "pack": (Rule(1024, 1024, 512, 4),
                                             Rule(_ANY, 1024, 4096, 8))},
     "pack_mid_head": {**TABLE, "pack": (Rule(1024, 1024, 1, 2), Rule(16384, 1024, 1, 4),
                                         Rule(_ANY, 1024, 4096, 8))},
-    # combine at large batches (docs/perf.md, third pass): 8 heads x 128 words whatever N (the
-    # table until then); the head in one tile, 4 or 8 heads whatever N; 4096 / N lanes
+    # combine at large batches (docs/perf_history.md, third pass): 8 heads x 128 words whatever N
+    # (the table until then); the head in one tile, 4 or 8 heads whatever N; 4096 / N lanes
     "combine_slab_128": {**TABLE, "combine": TABLE["combine"][:2] + (Rule(_ANY, 128, 1024, 8),)},
     "combine_one_tile": {**TABLE, "combine": TABLE["combine"][:2] + (Rule(_ANY, 256, 1024, 8),)},
     "combine_one_tile_8h": {**TABLE,
@@ -246,7 +247,7 @@ CANDIDATES: dict[str, dict[str, tuple[Rule, ...]]] = {
     "pack_fourth_pass": {**TABLE, "pack": _PACK_FIFTH[:3] + _PACK_FIFTH[4:]},
     # the pack rules of the fifth pass (vector loads at every size)
     "pack_fifth_pass": {**TABLE, "pack": _PACK_FIFTH},
-    # sixth pass (docs/perf.md): lane loads also up to 64k rows; the slab kernel (one warp,
+    # sixth pass (docs/perf_history.md): lane loads also up to 64k rows; the slab kernel (one warp,
     # 512 lanes) from 8k to 64k rows where it fits; lane loads for every head up to 1024 rows
     "pack_lane_mid": {**TABLE, "pack": _PACK_SIXTH[:3] + (
         Rule(65536, 1024, 512, 1, lane_loads=True),) + _PACK_SIXTH[4:]},

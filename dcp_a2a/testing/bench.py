@@ -101,8 +101,8 @@ def copy_bandwidth(nbytes: int = 4 << 30) -> float:
 
 
 # Graph replays timed with no warm-up read up to 11 % slow (the quick benchmark's B=8192 unpack,
-# timed right after its kernel's first call; docs/perf.md, twelfth pass): the graph is replayed
-# untimed for this long before the timed replays, as do_bench warms up for 25 ms.
+# timed right after its kernel's first call; docs/perf_history.md, twelfth pass): the graph is
+# replayed untimed for this long before the timed replays, as do_bench warms up for 25 ms.
 WARMUP_MS = 25.0
 
 

@@ -10,10 +10,13 @@ The design, as the issue describes it:
   departure, so that the baseline covers every shape ours does);
 * Triton's default ``num_warps`` and compile options (multiply-add contraction allowed);
 * the N ranks in a static loop, three passes over their N LSE words: the max, the sum of
-  exp(lse - max), then each rank's weight exp(lse - g) (g = max + log(sum); NaN and +inf LSEs
-  count as -inf, a -inf weight is 0) and the D-lane fp32 accumulation;
+  exp(lse - max), then each rank's weight exp(lse - g) (g = max + log(sum)) and the D-lane fp32
+  accumulation;
 * the output stored straight to ``out`` in its dtype (a plain cast; Triton's CPU interpreter
   truncates fp32 -> bf16 there, the compiled kernel rounds), the merged LSE when asked.
+
+The contract's edge cases are kept, as selects that cost no memory traffic: NaN and +inf LSEs
+count as -inf, a -inf LSE weighs exactly 0, a row where every rank is -inf merges to 0 and -inf.
 
 It is a baseline, not a product path: no argument checks, no masks, no determinism guarantee
 across launch configurations (ours has those).

@@ -6,8 +6,8 @@ dcp_a2a.testing.bench --grid``): the ratio target's baseline. It is a baseline, 
 (no argument checks, no masks).
 
 It is not the design vLLM main ships for the unpack-combine (N a compile-time constant and the
-rank loops unrolled, three passes over the LSEs, NaN and +inf LSEs read as -inf, the merged LSE
-returned when asked): that one is :mod:`dcp_a2a.testing.engine_design`, timed in the same grid.
+rank loops unrolled, three passes over the LSEs, the merged LSE stored when asked): that one is
+:mod:`dcp_a2a.testing.engine_design`, timed in the same grid.
 
     pack(out[B, H, D], lse[B, H] fp32, send[N, B, H/N, D+P])       send in out's dtype
     unpack_combine(recv[N, B, H/N, D+P], D) -> out[B, H/N, D]      recv's dtype

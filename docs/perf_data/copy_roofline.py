@@ -1,4 +1,4 @@
-"""How fast can any kernel move the pack's bytes (docs/perf.md, eighth pass)? At the grid's
+"""How fast can any kernel move the pack's bytes (docs/perf_history.md, eighth pass)? At the grid's
 512-lane heads (fp32 D=512) of 4k rows and more, the straightforward pack and ours next to a
 device copy of the same bytes (``copy_``: the driver's device-to-device memcpy) and a sweep of
 plain Triton copies of them (16-byte words; elements per program x warps, and a persistent

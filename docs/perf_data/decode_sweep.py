@@ -1,5 +1,5 @@
 """Launches around the table's at issue 14's decode target (B=1 H=128 D=512 N=8 bf16: pack +
-unpack <= 3.0 us under graph replay), in interleaved rounds (docs/perf.md, tenth pass).
+unpack <= 3.0 us under graph replay), in interleaved rounds (docs/perf_history.md, tenth pass).
 
 Part "target", at that shape. Pack: the row kernel at 1, 2 or 4 heads a program x 1-8 warps,
 vector or lane loads, and the slab kernel at 4, 8 or 16 heads x 1-8 warps. Combine: 1 or 2

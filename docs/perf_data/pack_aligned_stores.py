@@ -1,6 +1,6 @@
 """The fp32 D=512 pack from 16k rows up with 16-byte wire stores, two ways, next to the table,
-the straightforward kernel and copies of the same bytes, in interleaved rounds (docs/perf.md,
-ninth pass).
+the straightforward kernel and copies of the same bytes, in interleaved rounds
+(docs/perf_history.md, ninth pass).
 
 Why: there a wire row is 513 words, so it starts on no 16-byte boundary and the row kernel
 stores single words; the slab kernel stores 16-byte vectors but loads two aligned source

@@ -1,6 +1,6 @@
 """Pack launches over one dtype and head dim at every point (B, H, N) of the grid's B x (H, N)
-with rows (B x H) in (MIN_ROWS, MAX_ROWS] (docs/perf.md, eleventh pass). The head dim need not
-be one of the grid's (16-bit D=256 heads are as many lanes as fp32 D=128's).
+with rows (B x H) in (MIN_ROWS, MAX_ROWS] (docs/perf_history.md, eleventh pass). The head dim
+need not be one of the grid's (16-bit D=256 heads are as many lanes as fp32 D=128's).
 
 Part "sweep": the row kernel at 1, 2, 4 or 8 heads a program x 1, 2, 4 or 8 warps, vector or
 lane loads, and the slab kernel at 4, 8 or 16 heads x 1, 2, 4 or 8 warps (the row kernel where

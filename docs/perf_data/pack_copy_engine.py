@@ -1,6 +1,6 @@
 """The fp32 D=512 pack from 16k rows up by the GPU's copy engines instead of a kernel
-(docs/perf.md, tenth pass), next to the table, the straightforward kernel and ``copy_`` of the
-same bytes, in interleaved rounds.
+(docs/perf_history.md, tenth pass), next to the table, the straightforward kernel and ``copy_``
+of the same bytes, in interleaved rounds.
 
 Why: there every kernel tried runs at a Triton copy's speed and ``copy_`` (the driver's
 device-to-device memcpy) is 2-5 % faster still. If ``copy_`` is a copy-engine transfer, the

@@ -1,4 +1,4 @@
-"""The gather pack's memory instructions (docs/perf.md, fourteenth pass): compile
+"""The gather pack's memory instructions (docs/perf_history.md, fourteenth pass): compile
 ``pack_wire_order._pack_gather_kernel`` at 256x128x8 fp32 D=512, 4 heads a program, 4 and 8
 warps, and count the PTX's global and shared loads and stores (16-byte vectors or single
 words) and barriers.

@@ -1,8 +1,8 @@
 """The pack above 64k rows where H/N = 16 (and the fp32 and 1024-token neighbours): the slab
 kernel at G heads x warps and the row kernel (16 heads x 256 words, 8 / 16 warps) next to the
-table and the straightforward kernel, in interleaved rounds (docs/perf.md, sixth pass). Every
-variant's send buffer is first checked bit for bit against the straightforward kernel's (once,
-before the rounds; the sixth pass's run checked it again before each round's timing).
+table and the straightforward kernel, in interleaved rounds (docs/perf_history.md, sixth pass).
+Every variant's send buffer is first checked bit for bit against the straightforward kernel's
+(once, before the rounds; the sixth pass's run checked it again before each round's timing).
 
     python docs/perf_data/pack_large_variants.py OUT.json   (on a GPU; PYTHONPATH=. from the checkout)
 """

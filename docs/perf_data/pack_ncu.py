@@ -1,8 +1,8 @@
-"""Where the fp32 D=512 pack's time goes from 16k rows up, by the hardware counters (docs/perf.md,
-ninth pass): each launch below runs twice (compile, then the one read), under Nsight Compute,
-and the counters of the second are read: DRAM bytes each way, L2 sectors and requests each way,
-the warps resident. The launches: the straightforward kernel, the table's, a few of the
-sweeps' losers, and a plain Triton copy of as many bytes (the floor).
+"""Where the fp32 D=512 pack's time goes from 16k rows up, by the hardware counters
+(docs/perf_history.md, ninth pass): each launch below runs twice (compile, then the one read),
+under Nsight Compute, and the counters of the second are read: DRAM bytes each way, L2 sectors
+and requests each way, the warps resident. The launches: the straightforward kernel, the
+table's, a few of the sweeps' losers, and a plain Triton copy of as many bytes (the floor).
 
     ncu --clock-control none -k regex:'_pack|_copy' --csv \\
         --metrics $(python docs/perf_data/pack_ncu.py metrics) \\

@@ -1,15 +1,15 @@
-"""Pack program order (docs/perf.md, seventh pass): at every grid point of more than 1024 rows,
-the table as landed (token-major grid: programs dispatched one after another take one head
-block of consecutive tokens, H x D elements apart in ``out``) against the same rules on a
+"""Pack program order (docs/perf_history.md, seventh pass): at every grid point of more than
+1024 rows, the table as landed (token-major grid: programs dispatched one after another take one
+head block of consecutive tokens, H x D elements apart in ``out``) against the same rules on a
 head-major grid (they take one token's consecutive heads), and slab-kernel launches in both
 orders; next to the straightforward kernel and a device copy of the same bytes. Rounds
-interleave the variants (their spread is the noise); each variant's send buffer is first
-checked bit for bit against the straightforward kernel's. Part "sweep": only heads of 512
-lanes (fp32 D=512) above 8k rows, head-major launches of both kernels at other program sizes
-and warps, and the row kernel with streaming cache hints. With a band of rows (``sweep LO HI``:
-more than LO, at most HI; the eighth pass's 0 1024 and 1024 16384), the same launches in
-both grid orders (a tile is the head's lanes at most: ``tuning.launch``); at most 1024 rows also
-8 and 16 warps a head and the row kernel's loads in the stores' layout (``_ll``), no slabs.
+interleave the variants (their spread is the noise); each variant's send buffer is first checked
+bit for bit against the straightforward kernel's. Part "sweep": only heads of 512 lanes (fp32
+D=512) above 8k rows, head-major launches of both kernels at other program sizes and warps, and
+the row kernel with streaming cache hints. With a band of rows (``sweep LO HI``: more than LO,
+at most HI; the eighth pass's 0 1024 and 1024 16384), the same launches in both grid orders (a
+tile is the head's lanes at most: ``tuning.launch``); at most 1024 rows also 8 and 16 warps a
+head and the row kernel's loads in the stores' layout (``_ll``), no slabs.
 
     python docs/perf_data/pack_order.py OUT.json BUDGET_SECONDS [sweep [LO HI]]   (on a GPU; PYTHONPATH=. from the checkout)
 """

@@ -1,5 +1,6 @@
 """The pack at B=8192 D=512 where a 16-head program would straddle two peers: the table (one
-peer's slab) against the straddling 16 x 256-word, 8-warp launch, in one run (docs/perf.md).
+peer's slab) against the straddling 16 x 256-word, 8-warp launch, in one run
+(docs/perf_history.md).
 
     python docs/perf_data/pack_peer_slab.py OUT.json   (on a GPU)
 """

@@ -1,4 +1,4 @@
-"""Pack slab-kernel sweep (docs/perf.md, fifth pass): at grid points of a band of rows, the
+"""Pack slab-kernel sweep (docs/perf_history.md, fifth pass): at grid points of a band of rows, the
 slab kernel at heads a program x warps (tuning.OVERRIDES with slab=True), next to the
 straightforward kernel and the table; each launch's wire buffer is first checked bit for bit
 against the table's. Part "copy" times a device copy of the same bytes instead.

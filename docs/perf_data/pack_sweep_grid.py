@@ -1,4 +1,4 @@
-"""Pack launch sweep over the comparison grid (docs/perf.md, fourth pass): at every point,
+"""Pack launch sweep over the comparison grid (docs/perf_history.md, fourth pass): at every point,
 heads a program x warps (tuning.OVERRIDES), next to the straightforward kernel and the table.
 
     python docs/perf_data/pack_sweep_grid.py OUT.json BUDGET_SECONDS   (on a GPU)

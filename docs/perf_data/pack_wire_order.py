@@ -1,5 +1,5 @@
-"""Pack in the wire's own order (docs/perf.md, fourteenth pass), at the grid's fp32 D=512 points
-from 16k to 131k rows (B <= 1024), three ways:
+"""Pack in the wire's own order (docs/perf_history.md, fourteenth pass), at the grid's fp32
+D=512 points from 16k to 131k rows (B <= 1024), three ways:
 
 * ``pm{heads}x{warps}[_lane]``: the row kernel on a peer-major grid (peer, token, head block),
   so that programs dispatched one after another write one run of consecutive wire bytes (the

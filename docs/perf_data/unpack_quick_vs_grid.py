@@ -3,7 +3,7 @@ grid (docs/perf.md, "How it is measured")? Both, in one process, in alternation:
 benchmark's timing of the shape (``bench_shape``: the pack timed first with events, then the
 unpack as graph replays) and the grid's (``grid_point``: the unpack in rounds next to the
 straightforward kernel and a copy), then the unpack timed alone after a pause, and the SM and
-memory clocks read around each (nvidia-smi). Run in the twelfth pass (docs/perf.md): before
+memory clocks read around each (nvidia-smi). Run in the twelfth pass (docs/perf_history.md): before
 ``bench.time_us`` warmed up, ``unpack_quick_vs_grid_h200.json``; after, ``..._warm_h200.json``.
 
     python docs/perf_data/unpack_quick_vs_grid.py OUT.json [REPEATS]   (on a GPU; PYTHONPATH=. from the checkout)

@@ -6,9 +6,9 @@ A decode-size launch is about one memory round trip on top of the launch itself,
 round trip in series is a slower kernel that every correctness test still passes: the pack
 once loaded the LSE after its stores (the compiler cannot move a load above a store that may
 alias it), and the combine once reduced an [N, rows] LSE tile across threads, whose warp
-shuffles ptxas put in front of the data loads (docs/perf.md, fourth pass). The decode pack
+shuffles ptxas put in front of the data loads (docs/perf_history.md, fourth pass). The decode pack
 also once moved its tile through shared memory between its loads and its stores, behind a
-run-time division (docs/perf.md, sixth pass).
+run-time division (docs/perf_history.md, sixth pass).
 """
 
 from __future__ import annotations
