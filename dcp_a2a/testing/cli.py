@@ -72,10 +72,18 @@ def _workers(value: str):
     return n
 
 
+def _version() -> str:
+    """``dcp-a2a X.Y.Z (path)``: which installation answers, as `pip -V` says it."""
+    import dcp_a2a
+
+    return f"dcp-a2a {dcp_a2a.__version__} ({Path(dcp_a2a.__file__).parent})"
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="dcp-a2a", description="dcp_a2a: the packed all-to-all combine for Decode Context "
                                     "Parallel attention, and its validation suite.")
+    p.add_argument("--version", action="version", version=_version())
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     v = sub.add_parser(
         "validate", help="run every test tier this machine supports and write a report",
@@ -408,7 +416,8 @@ def validate(args) -> int:
         "runs": runs_out,
         "failures": failures,
         "tests": [{k: v for k, v in r.items() if k != "event"} | {
-            "merge_reports": [{k: v for k, v in m.items() if k != "ulp_histogram"}
+            "merge_reports": [{k: v for k, v in m.items()
+                               if k not in ("ulp_histogram", "ratio_histogram")}
                               for m in r.get("merge_reports") or ()]} for r in records],
         "paths": {"json": str(out_dir / "validation.json"),
                   "markdown": str(out_dir / "validation.md"), "png": {}},

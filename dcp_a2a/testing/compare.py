@@ -40,6 +40,8 @@ class QuantityReport:
 
 # Fixed bins (in ulps of the output dtype) so histograms from many tests can be summed.
 ULP_BIN_EDGES = [i / 20 for i in range(21)] + [1.5, 2.0, 4.0, 16.0, math.inf]
+# Fixed bins of the per-element error over its bound (the pass criterion: <= 1).
+RATIO_BIN_EDGES = [i / 10 for i in range(11)] + [math.inf]
 
 
 @dataclass
@@ -52,6 +54,10 @@ class MergeReport:
     lse: QuantityReport | None = None
     ulp_histogram: list = field(default_factory=lambda: [0] * (len(ULP_BIN_EDGES) - 1),
                                 repr=False)
+    # the output's per-element err / bound: the exact criterion (ulps alone mislead where the
+    # bound is not a ulp count, e.g. float32 outputs made tiny by cancellation)
+    ratio_histogram: list = field(default_factory=lambda: [0] * (len(RATIO_BIN_EDGES) - 1),
+                                  repr=False)
 
     @property
     def ok(self) -> bool:
@@ -82,13 +88,13 @@ class MergeReport:
         return "\n".join(lines)
 
 
-def ulp_histogram(ulp_errors: torch.Tensor) -> list[int]:
-    """Counts of finite per-element errors (in ulps) in the bins of ``ULP_BIN_EDGES``
-    ([lo, hi) each), computed where the errors live."""
+def ulp_histogram(ulp_errors: torch.Tensor, bin_edges=ULP_BIN_EDGES) -> list[int]:
+    """Counts of finite per-element errors (in ulps; or any other unit ``bin_edges`` are in) in
+    the bins of ``bin_edges`` ([lo, hi) each), computed where the errors live."""
     v = ulp_errors[torch.isfinite(ulp_errors)].flatten()
-    edges = torch.tensor(ULP_BIN_EDGES[1:-1], dtype=v.dtype, device=v.device)
+    edges = torch.tensor(bin_edges[1:-1], dtype=v.dtype, device=v.device)
     idx = torch.bucketize(v, edges, right=True)
-    return torch.bincount(idx, minlength=len(ULP_BIN_EDGES) - 1).tolist()
+    return torch.bincount(idx, minlength=len(bin_edges) - 1).tolist()
 
 
 def _errors(actual: torch.Tensor, expected: torch.Tensor):
@@ -237,6 +243,10 @@ def check_merge(actual_out: torch.Tensor, actual_lse: torch.Tensor | None,
                       out_q, lse_q)
     if keep_ulp_errors:
         rep.ulp_histogram = ulp_histogram(ulps)
+        ratio = torch.where(err == 0, torch.zeros_like(err), err / bound)
+        # an infinite ratio (a NaN or a wrong infinity) is a failure: counted in the last bin
+        rep.ratio_histogram = ulp_histogram(torch.nan_to_num(ratio, nan=1e300, posinf=1e300),
+                                            RATIO_BIN_EDGES)
     return rep
 
 

@@ -26,7 +26,6 @@ import os
 import subprocess
 import sys
 import time
-from argparse import Namespace
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -65,17 +64,15 @@ def _env() -> dict:
     return env
 
 
-def validate_step(out: Path, workers) -> Step:
-    from .cli import validate
-
+def validate_step(out: Path, workers, env: dict) -> Step:
+    """``python -m dcp_a2a validate`` in a process of its own (this module imports nothing of
+    the command line: the dependency runs one way, cli -> gpucheck)."""
     step = Step("validate (all tiers)")
-    t0 = time.monotonic()
-    args = Namespace(impl=None, tiers=None, quick=False, no_slow=False, evals=False,
-                     gsm8k_dir=None, gsm8k_limit=None, gsm8k_backends="reference,packed",
-                     out=out, workers=workers, suite=None, no_progress=True, no_plots=False,
-                     pytest_args=[])
-    code = validate(args)
-    step.wall_s = time.monotonic() - t0
+    log = out / "validate.log"
+    cmd = [sys.executable, "-m", "dcp_a2a", "validate", "--out", str(out), "--no-progress"]
+    if workers is not None:
+        cmd += ["-j", str(workers)]
+    code, step.wall_s = _run(cmd, log, env)
     step.status = "passed" if code == 0 else "failed"
     step.log = str(out / "validation.md")
     try:
@@ -86,7 +83,7 @@ def validate_step(out: Path, workers) -> Step:
         if not_run:
             step.detail += f"; not run: {', '.join(not_run)}"
     except (OSError, ValueError, KeyError):
-        step.detail = f"exit status {code}"
+        step.detail = f"exit status {code}: {_tail(log)}"
     return step
 
 
@@ -200,7 +197,7 @@ def main(args) -> int:
     out.mkdir(parents=True, exist_ok=True)
     env = _env()
     skip = set(args.skip or ())
-    run = {"validate": lambda: validate_step(out, args.workers),
+    run = {"validate": lambda: validate_step(out, args.workers, env),
            "selfcheck": lambda: selfcheck_step(out, args.workers, env),
            "accuracy": lambda: accuracy_step(out, gpus, env),
            "bench": lambda: bench_step(out, env)}

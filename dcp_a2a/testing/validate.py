@@ -642,9 +642,10 @@ def summarise_tiers(plans: list[TierPlan], records: list[dict],
 
 def summarise_dtypes(records: list[dict], subject: str | None = None) -> dict:
     """Per output dtype: merge checks, elements, summed ulp histograms per kind (a2a, ag_rs),
-    the largest error in ulps and the worst error / bound over all tests that ran (of
-    ``subject``'s code only, when given)."""
-    from .compare import ULP_BIN_EDGES
+    the summed histogram of err / bound (the pass criterion), the largest error in ulps and the
+    worst error / bound over all tests that ran (of ``subject``'s code only, when given), and
+    which checks the upstream vLLM #41160 comparison would fail."""
+    from .compare import RATIO_BIN_EDGES, ULP_BIN_EDGES
 
     nbins = len(ULP_BIN_EDGES) - 1
     out: dict[str, dict] = {}
@@ -654,8 +655,10 @@ def summarise_dtypes(records: list[dict], subject: str | None = None) -> dict:
                 continue
             dt = m.get("dtype", "?")
             d = out.setdefault(dt, {"checks": 0, "elements": 0, "histogram": {},
+                                    "ratio_histogram": [0] * (len(RATIO_BIN_EDGES) - 1),
                                     "max_ulp_err": 0.0, "worst_ratio": 0.0, "worst_case": None,
-                                    "upstream_would_pass": 0, "failing_checks": 0})
+                                    "upstream_would_pass": 0, "upstream_failing": [],
+                                    "failing_checks": 0})
             d["checks"] += 1
             o = m.get("output") or {}
             d["elements"] += int(o.get("elements") or 0)
@@ -663,6 +666,8 @@ def summarise_dtypes(records: list[dict], subject: str | None = None) -> dict:
             acc = d["histogram"].setdefault(m.get("kind", "a2a"), [0] * nbins)
             for i, c in enumerate(h[:nbins]):
                 acc[i] += int(c)
+            for i, c in enumerate((m.get("ratio_histogram") or [])[:len(d["ratio_histogram"])]):
+                d["ratio_histogram"][i] += int(c)
             ulp_err = o.get("max_ulp_err")
             ulp_err = float(ulp_err) if isinstance(ulp_err, (int, float, str)) else math.nan
             if not math.isnan(ulp_err):
@@ -670,6 +675,8 @@ def summarise_dtypes(records: list[dict], subject: str | None = None) -> dict:
                 by = d.setdefault("max_ulp_err_by_kind", {})
                 kind = m.get("kind", "a2a")
                 by[kind] = max(by.get(kind, 0.0), ulp_err)
+            d["worst_output_ratio"] = max(d.get("worst_output_ratio", 0.0),
+                                          _ratio(o.get("worst_ratio")))
             ratio = _ratio(m.get("worst_ratio"))
             if d["worst_case"] is None or ratio > d["worst_ratio"]:
                 d["worst_ratio"] = ratio
@@ -677,12 +684,18 @@ def summarise_dtypes(records: list[dict], subject: str | None = None) -> dict:
                                    "world_size": m.get("world_size"), "base": m.get("base")}
             if not m.get("ok", True):
                 d["failing_checks"] += 1
-            ups = [q.get("upstream_ok", True) for q in (o, m.get("lse") or {}) if q]
-            if all(ups):
+            failing = [q["quantity"] for q in (o, m.get("lse") or {})
+                       if q and not q.get("upstream_ok", True)]
+            if failing:
+                d["upstream_failing"].append({"nodeid": r["nodeid"], "quantities": failing,
+                                              "kind": m.get("kind"),
+                                              "world_size": m.get("world_size")})
+            else:
                 d["upstream_would_pass"] += 1
     for d in out.values():
         d["headroom"] = headroom(d["worst_ratio"])
         d["bin_edges"] = list(ULP_BIN_EDGES)
+        d["ratio_bin_edges"] = list(RATIO_BIN_EDGES)
     return dict(sorted(out.items()))
 
 

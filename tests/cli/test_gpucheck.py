@@ -4,6 +4,7 @@ is faked; on a GPU machine the real one runs in `dcp-a2a gpu-check`)."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -49,3 +50,33 @@ def test_a_skipped_step_never_reads_as_a_full_pass():
     assert gpucheck.summary(steps, "a machine").endswith(
         "gpu-check: FAIL (of the steps run; skipped: selfcheck)")
     assert gpucheck.summary(steps[:1], "m").endswith("gpu-check: PASS")
+
+
+def test_validate_step_runs_the_command_line_and_the_dependency_runs_one_way(monkeypatch,
+                                                                             tmp_path):
+    """gpu-check runs `python -m dcp_a2a validate` as a command (cli imports gpucheck for its
+    steps; gpucheck imports nothing of cli, so neither module needs the other half-built)."""
+    import ast
+    import sys
+    from pathlib import Path
+
+    seen = []
+    monkeypatch.setattr(gpucheck, "_run", lambda cmd, log, env: (seen.append(cmd), (3, 0.5))[1])
+    step = gpucheck.validate_step(tmp_path, 4, {})
+    assert seen == [[sys.executable, "-m", "dcp_a2a", "validate", "--out", str(tmp_path),
+                     "--no-progress", "-j", "4"]]
+    assert step.status == "failed" and step.detail.startswith("exit status 3")
+    tree = ast.parse(Path(gpucheck.__file__).read_text())
+    imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    assert "cli" not in imported and "dcp_a2a.testing.cli" not in imported
+
+
+def test_version_names_the_installation(capsys):
+    import dcp_a2a
+    from dcp_a2a.testing import cli
+
+    with pytest.raises(SystemExit) as e:
+        cli.main(["--version"])
+    assert e.value.code == 0
+    assert capsys.readouterr().out.strip() == (
+        f"dcp-a2a {dcp_a2a.__version__} ({Path(dcp_a2a.__file__).parent})")

@@ -108,6 +108,33 @@ def test_dtype_summary_uses_real_merge_reports():
     assert d["worst_ratio"] == rep["worst_ratio"] <= 1
 
 
+def test_dtype_summary_sums_ratio_histograms_and_names_what_upstream_would_fail():
+    """The err/bound histogram (the criterion the ulp plot alone misstates for float32) is
+    summed per dtype; checks the upstream #41160 comparison would fail are listed by test."""
+    torch = pytest.importorskip("torch")
+    from dcp_a2a.testing.compare import RATIO_BIN_EDGES, check_merge
+    from dcp_a2a.reference import lse_weighted_combine
+
+    g = torch.Generator().manual_seed(1)
+    outs = torch.randn(2, 2, 4, 8, generator=g, dtype=torch.float64).float() * 1e6
+    lses = torch.randn(2, 2, 4, generator=g) * 4
+    exact = lse_weighted_combine(outs, lses).float()
+    off = exact * (1 + 2 ** -22)  # two fp32 ulps off: within the bound
+    reps = [check_merge(x, None, outs, lses).as_dict() for x in (exact, off)]
+    big = exact.clone()
+    big[0, 0, 0] += 1.0  # 1.0 absolute at |y| ~ 1e6: 2^-20 relative, far over our bound
+    bad = check_merge(big, None, outs, lses).as_dict()
+    bad["output"]["upstream_ok"] = False  # as the upstream check says of such an element
+    d = val.summarise_dtypes([rec("t::ok", "passed", ["kernel"], reps),
+                              rec("t::bad", "failed", ["kernel"], [bad])])["float32"]
+    assert len(d["ratio_histogram"]) == len(RATIO_BIN_EDGES) - 1
+    assert sum(d["ratio_histogram"]) == 3 * exact.numel()
+    assert d["ratio_histogram"][-1] >= 1 and d["worst_output_ratio"] > 1
+    assert d["upstream_failing"] == [{"nodeid": "t::bad", "quantities": ["output"],
+                                      "kind": "a2a", "world_size": 2}]
+    assert d["upstream_would_pass"] == 2 and d["checks"] == 3
+
+
 class _Res:
     def __init__(self, code, records, session=True):
         self.exit_status, self.records = code, records
