@@ -33,12 +33,12 @@ from .kernels.direct import combine_from_peers, pack_to_peers
 from .kernels.pack import lse_to_wire, pack
 from .symm_mem import SymmMemBuffers
 from .wire import (
+    check_group,
     check_head_split,
     check_output_and_lse,
     check_seq_meta,
     lse_pack_dim,
     require_bool,
-    require_int,
     require_disjoint,
     require_runnable_device,
 )
@@ -66,20 +66,6 @@ class Group:
 
         pg = pg if pg is not None else dist.group.WORLD
         return cls(dist.get_world_size(pg), dist.get_rank(pg), pg)
-
-
-def _check_group(group) -> tuple[int, int]:
-    for attr in ("world_size", "rank_in_group", "device_group"):
-        if not hasattr(group, attr):
-            raise TypeError(
-                f"group must have world_size, rank_in_group and device_group; "
-                f"{type(group).__name__} has no {attr}"
-            )
-    n = require_int("group.world_size", group.world_size, 1)
-    r = require_int("group.rank_in_group", group.rank_in_group, 0)
-    if r >= n:
-        raise ValueError(f"group.rank_in_group={r} is not below world_size={n}")
-    return n, r
 
 
 def _check_process_group(pg, n: int, r: int) -> None:
@@ -351,7 +337,7 @@ def lse_reduce(out, lse, group, *, return_lse=False, is_lse_base_on_e=True, seq_
     all-gather, that every rank passes the same B, H, D, dtype, LSE base and backend
     (:func:`check_ranks_agree`); off by default, it costs a collective and a host sync.
     """
-    n, r = _check_group(group)
+    n, r = check_group(group)
     checking = _check_ranks_enabled(check_ranks)
     steps = lse_reduce_steps(out, lse, n, r, return_lse=return_lse,
                              is_lse_base_on_e=is_lse_base_on_e, seq_lens=seq_lens,

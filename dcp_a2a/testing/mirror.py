@@ -22,7 +22,6 @@ device_group). ``torch.distributed`` needs no ``init_process_group`` for it.
 
 from __future__ import annotations
 
-import torch
 import torch.distributed as dist
 from torch.futures import Future
 

@@ -1,7 +1,8 @@
 """Skipped exchange: the project's packed path with the all_to_all never issued (the group treated as local), so each rank merges only its own partials."""
 
 import dcp_a2a
-from dcp_a2a.collective import _check_group, _local_step, drive, lse_reduce_steps
+from dcp_a2a.collective import _local_step, drive, lse_reduce_steps
+from dcp_a2a.wire import check_group
 
 lse_pack_dim, pack_send, unpack_combine = (dcp_a2a.lse_pack_dim, dcp_a2a.pack_send,
                                            dcp_a2a.unpack_combine)
@@ -9,7 +10,7 @@ lse_pack_dim, pack_send, unpack_combine = (dcp_a2a.lse_pack_dim, dcp_a2a.pack_se
 
 def lse_reduce(out, lse, group, *, return_lse=False, is_lse_base_on_e=True, seq_lens=None,
                query_start_loc=None):
-    n, r = _check_group(group)
+    n, r = check_group(group)
     steps = lse_reduce_steps(out, lse, n, r, return_lse=return_lse,
                              is_lse_base_on_e=is_lse_base_on_e, seq_lens=seq_lens,
                              query_start_loc=query_start_loc, backend="packed")
