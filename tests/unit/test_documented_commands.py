@@ -1,0 +1,161 @@
+"""Every command line the README and docs/ show in a shell block goes through its real parser:
+the project's commands (``dcp-a2a``, ``dcp-a2a-bench``, ``python -m dcp_a2a...``, ``torchrun
+... -m dcp_a2a...``) through their own ``main`` up to argparse's verdict, and every ``pytest``
+line as a collection (``--co``), which is where a broken plugin or conftest shows. A documented
+line that stopped parsing fails here, named by file and line.
+
+Synopses are read as their shortest form: ``[optional parts]`` are dropped. Placeholders for
+the reader's own code run as a stand-in that exists (``my_engine.dcp_adapter`` -> the reference
+contract). docs/perf_history.md is a record of past passes, not a manual: left out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+from unittest import mock
+
+import pytest
+
+pytestmark = pytest.mark.unit
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCS = [ROOT / "README.md"] + sorted(p for p in (ROOT / "docs").glob("*.md")
+                                     if p.name != "perf_history.md")
+SHELL = ("", "bash", "sh", "shell", "console")
+STAND_INS = {"my_engine.dcp_adapter": "dcp_a2a.reference.contract",
+             "my_pkg.suspect_impl": "dcp_a2a.testing.mutants.lse_halves_swapped",
+             "table,NAME": "table", "NAME": "smollm2", "SPEC": "dcp_a2a.reference.contract"}
+ENTRY_POINTS = {"dcp-a2a": "dcp_a2a.testing.cli", "dcp-a2a-bench": "dcp_a2a.testing.bench",
+                "dcp_a2a": "dcp_a2a.testing.cli"}
+
+
+def _shell_lines():
+    """(where, command) of every line of a shell block, continuations joined."""
+    for doc in DOCS:
+        inside, lang, start = False, "", 0
+        pending, first = "", 0
+        for no, line in enumerate(doc.read_text().splitlines(), 1):
+            m = re.match(r"^\s*```(\w*)", line)
+            if m:
+                inside, lang = not inside, m.group(1)
+                continue
+            if not inside or lang not in SHELL:
+                continue
+            if not pending:
+                first = no
+            pending += line.strip().removeprefix("$ ")
+            if pending.endswith("\\"):
+                pending = pending[:-1] + " "
+                continue
+            yield f"{doc.relative_to(ROOT)}:{first}", pending
+            pending = ""
+
+
+# a segment that runs one of the programs checked here (after VAR=value prefixes)
+_OURS = re.compile(r"^(\w+=\S*\s+)*(\S*/)?(dcp-a2a|dcp-a2a-bench|pytest|torchrun|"
+                   r"python3?(\.\d+)?)(\s|$)")
+
+
+def _commands():
+    """(where, kind, target, argv): kind 'main' (a module's main) or 'pytest'."""
+    out = []
+    for where, line in _shell_lines():
+        line = re.sub(r"\s+#\s.*$", "", line)
+        for seg in line.split("&&"):
+            seg = seg.strip()
+            while re.search(r"\[[^\[\]]*\]", seg):
+                seg = re.sub(r"\s*\[[^\[\]]*\]", "", seg)
+            if not seg or "..." in seg or "|" in seg:
+                continue
+            if not _OURS.match(seg):
+                continue
+            for k, v in STAND_INS.items():
+                seg = re.sub(rf"(?<![\w.]){re.escape(k)}(?![\w.])", v, seg)
+            argv = shlex.split(seg)
+            while argv and "=" in argv[0] and not argv[0].startswith("-"):
+                argv = argv[1:]  # VAR=value prefixes
+            if not argv:
+                continue
+            prog = Path(argv[0]).name
+            if prog in ENTRY_POINTS:
+                out.append((where, "main", ENTRY_POINTS[prog], argv[1:]))
+            elif prog == "pytest":
+                out.append((where, "pytest", None, argv[1:]))
+            elif prog == "torchrun" and "-m" in argv:
+                i = argv.index("-m")
+                out.append((where, "main", argv[i + 1], argv[i + 2:]))
+            elif re.fullmatch(r"python3?(\.\d+)?", prog) and argv[1:2] == ["-m"] and len(argv) > 2:
+                mod, rest = argv[2], argv[3:]
+                if mod == "pytest":
+                    out.append((where, "pytest", None, rest))
+                elif mod.startswith("dcp_a2a"):
+                    out.append((where, "main", ENTRY_POINTS.get(mod, mod), rest))
+    return out
+
+
+COMMANDS = _commands()
+
+
+class _Parsed(Exception):
+    pass
+
+
+def _parse_with_main(module: str, argv: list[str]):
+    """Run ``module.main(argv)`` until argparse has judged the arguments: its namespace, or
+    SystemExit(2) with argparse's message for a bad line."""
+    real = argparse.ArgumentParser.parse_args
+    seen = []
+
+    def parse_then_stop(self, args=None, namespace=None):
+        ns = real(self, args, namespace)
+        seen.append(ns)
+        raise _Parsed
+
+    mod = importlib.import_module(module)
+    with mock.patch.object(argparse.ArgumentParser, "parse_args", parse_then_stop):
+        try:
+            mod.main(argv)
+        except _Parsed:
+            return seen[-1]
+    raise AssertionError(f"{module}.main returned without parsing its arguments")
+
+
+def test_the_docs_show_the_commands_this_checks():
+    kinds = {(k, t) for _, k, t, _ in COMMANDS}
+    assert ("main", "dcp_a2a.testing.cli") in kinds and ("pytest", None) in kinds
+    assert len(COMMANDS) >= 20, COMMANDS
+
+
+MAIN_LINES = [(w, t, a) for w, k, t, a in COMMANDS if k == "main"]
+
+
+@pytest.mark.parametrize("where, module, argv", MAIN_LINES, ids=[w for w, _, _ in MAIN_LINES])
+def test_documented_command_parses(where, module, argv, capsys):
+    try:
+        _parse_with_main(module, argv)
+    except SystemExit as e:  # argparse refused the documented line
+        pytest.fail(f"{where}: `{module} {' '.join(argv)}` does not parse (exit {e.code}): "
+                    f"{capsys.readouterr().err.strip()[-500:]}")
+
+
+PYTEST_LINES = sorted({tuple(a) for _, k, _, a in COMMANDS if k == "pytest"})
+
+
+@pytest.mark.slow  # each a pytest collection (xdist workers included)
+@pytest.mark.parametrize("argv", PYTEST_LINES, ids=lambda a: " ".join(a)[:60])
+def test_documented_pytest_line_collects(argv):
+    env = {k: v for k, v in os.environ.items() if k != "DCP_A2A_IMPL"}
+    proc = subprocess.run([sys.executable, "-m", "pytest", *argv, "--co", "-q",
+                           "-p", "no:cacheprovider"], capture_output=True, text=True,
+                          timeout=600, cwd=ROOT, env=env)
+    where = [w for w, k, _, a in COMMANDS if k == "pytest" and tuple(a) == argv]
+    assert proc.returncode == 0, (f"{where}: `pytest {' '.join(argv)}` does not collect:\n"
+                                  + proc.stdout[-2000:] + proc.stderr[-2000:])
+    assert re.search(r"\d+ tests? collected|\d+/\d+ tests collected", proc.stdout), proc.stdout
