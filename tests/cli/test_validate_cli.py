@@ -153,12 +153,6 @@ def test_unknown_tier_is_a_usage_error(capsys):
     assert "nope" in capsys.readouterr().err
 
 
-def test_bad_impl_is_a_usage_error(tmp_path, capsys):
-    code = cli.main(["validate", "--impl", "no_such_module_xyz", "--out", str(tmp_path)])
-    assert code == cli.EXIT_USAGE
-    assert "no_such_module_xyz" in capsys.readouterr().err
-
-
 @pytest.mark.slow
 def test_validate_runs_this_repository_suite(tmp_path):
     """validate's own pytest command on the real suite (a handful of unit tests): its plugins

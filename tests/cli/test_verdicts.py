@@ -26,35 +26,40 @@ def _run(args, *, env=None, cwd=None, timeout=600, module="dcp_a2a"):
                           timeout=timeout, env=full, cwd=cwd or ROOT)
 
 
-@pytest.mark.parametrize("how", ["--impl ''", "DCP_A2A_IMPL=''"])
-def test_an_empty_implementation_is_refused_not_read_as_the_default(tmp_path, how):
-    """An unset CI variable (``--impl "$IMPL"``) must not test dcp_a2a and go green."""
-    args = ["validate", "--quick", "--out", str(tmp_path)]
-    env = {}
-    if how.startswith("--impl"):
-        args += ["--impl", ""]
-    else:
-        env["DCP_A2A_IMPL"] = ""
+def test_an_empty_implementation_is_refused_not_read_as_the_default(tmp_path):
+    """An unset CI variable (``--impl "$IMPL"``) must not test dcp_a2a and go green: the
+    command line as a CI job runs it, and the suite's own pytest entry point."""
     t0 = time.monotonic()
-    proc = _run(args, env=env)
+    proc = _run(["validate", "--impl", "", "--quick", "--out", str(tmp_path)])
     assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "empty" in proc.stderr and "unset variable" in proc.stderr
     assert not (tmp_path / "validation.json").exists()  # nothing ran, no report to misread
     assert time.monotonic() - t0 < 60
-    # the suite's own pytest entry point refuses it the same way
-    pytest_args = ["-m", "conformance", "--co", "-q", "-p", "no:cacheprovider"]
-    if how.startswith("--impl"):
-        pytest_args += ["--impl", ""]
-    proc = _run(pytest_args, env=env, module="pytest")
-    assert proc.returncode == 4 and "empty" in proc.stderr, proc.stdout[-1000:] + proc.stderr
+    proc = _run(["-m", "conformance", "--co", "-q", "-p", "no:cacheprovider"],
+                env={"DCP_A2A_IMPL": ""}, module="pytest")
+    assert proc.returncode == 4 and "DCP_A2A_IMPL is set but empty" in proc.stderr, \
+        proc.stdout[-1000:] + proc.stderr
 
 
-def test_a_module_with_none_of_the_functions_is_one_usage_error(tmp_path):
-    t0 = time.monotonic()
-    proc = _run(["validate", "--impl", "os", "--quick", "--out", str(tmp_path)])
-    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
-    assert "none of the contract's functions" in proc.stderr and "os.py" in proc.stderr
-    assert len(proc.stderr.strip().splitlines()) == 1 and time.monotonic() - t0 < 60
+@pytest.mark.parametrize("args, env, says", [
+    (["--impl", ""], {}, "--impl is empty (an unset variable?)"),
+    ([], {"DCP_A2A_IMPL": " "}, "$DCP_A2A_IMPL is set but empty (an unset variable?)"),
+    (["--impl", "os"], {}, "none of the contract's functions"),
+    (["--impl", "no_such_module_xyz"], {}, "cannot import implementation module "
+                                            "'no_such_module_xyz'")])
+def test_an_unusable_implementation_is_one_usage_error(tmp_path, monkeypatch, capsys, args, env,
+                                                       says):
+    """Refused before anything runs (validate's own code, in this process: no pytest session
+    starts, no report is written)."""
+    from dcp_a2a.testing import cli
+
+    monkeypatch.delenv("DCP_A2A_IMPL", raising=False)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    code = cli.main(["validate", *args, "--quick", "--out", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert code == cli.EXIT_USAGE and says in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "validation.json").exists()
 
 
 PARTIAL = '''
@@ -118,11 +123,13 @@ def test_evals_that_cannot_run_exit_3_with_the_true_reason(tmp_path):
     (["--gsm8k-limit", "0"], "--gsm8k-limit"),
     (["--gsm8k-backends", "reference,pakced"], "pakced"),
     (["--eval-model", "gpt-17"], "gpt-17")])
-def test_bad_eval_options_are_usage_errors_up_front(tmp_path, args, named):
-    t0 = time.monotonic()
-    proc = _run(["validate", "--evals", *args, "--out", str(tmp_path)])
-    assert proc.returncode == 2 and named in proc.stderr, proc.stderr
-    assert time.monotonic() - t0 < 60 and not (tmp_path / "validation.json").exists()
+def test_bad_eval_options_are_usage_errors_up_front(tmp_path, capsys, args, named):
+    from dcp_a2a.testing import cli
+
+    with pytest.raises(SystemExit) as e:
+        cli.main(["validate", "--evals", *args, "--out", str(tmp_path)])
+    assert e.value.code == 2 and named in capsys.readouterr().err
+    assert not (tmp_path / "validation.json").exists()
 
 
 # The documented checkout forms (`pytest -m conformance -n 2 --dist loadgroup --impl
