@@ -40,14 +40,13 @@ import threading
 import torch
 
 
-def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
-    if a.device != b.device or a.numel() == 0 or b.numel() == 0:
+def _overlaps(span: tuple, device: torch.device, b: torch.Tensor) -> bool:
+    """Whether the bytes [span) on ``device`` meet any byte of ``b``'s whole storage."""
+    if b.device != device or span[0] == span[1] or b.numel() == 0:
         return False
-    a0 = a.data_ptr()
-    b0 = b.untyped_storage().data_ptr()
-    a1 = a0 + a.numel() * a.element_size()
-    b1 = b0 + b.untyped_storage().nbytes()
-    return a0 < b1 and b0 < a1
+    storage = b.untyped_storage()
+    b0 = storage.data_ptr()
+    return span[0] < b0 + storage.nbytes() and b0 < span[1]
 
 
 def _capturing(device: torch.device) -> bool:
@@ -62,7 +61,10 @@ class StagingBuffers:
     """Owner of the send/recv pairs used by ``lse_reduce``. One per process (or per engine)."""
 
     def __init__(self) -> None:
-        self._eager: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._eager: dict[tuple, torch.Tensor] = {}
+        # the last view handed out per eager key: (shape, view, its byte span); the decode loop
+        # asks for the same shape call after call, and a view costs host time on every call
+        self._views: dict[tuple, tuple] = {}
         self._captured: list[torch.Tensor] = []
         self._lock = threading.Lock()
 
@@ -74,23 +76,31 @@ class StagingBuffers:
         buffer overlaps one of the ``avoid`` tensors (a caller's input that lives in memory this
         owner handed out), a dedicated tensor is returned instead of corrupting that input.
         """
-        device = torch.device(device)
-        numel = 1
-        for s in shape:
-            numel *= int(s)
+        if not isinstance(device, torch.device):
+            device = torch.device(device)
         if _capturing(device):
             t = torch.empty(shape, dtype=dtype, device=device)
             with self._lock:
                 self._captured.append(t)
             return t
         key = self._eager_key(device, dtype, tag)
+        shape = tuple(shape)
         with self._lock:
-            flat = self._eager.get(key)
-            if flat is None or flat.numel() < numel:
-                flat = torch.empty(numel, dtype=dtype, device=device)
-                self._eager[key] = flat
-        view = flat[:numel].view(shape)
-        if any(_overlaps(view, a) for a in avoid if a is not None):
+            hit = self._views.get(key)
+            if hit is None or hit[0] != shape:
+                numel = 1
+                for s in shape:
+                    numel *= int(s)
+                flat = self._eager.get(key)
+                if flat is None or flat.numel() < numel:
+                    flat = torch.empty(numel, dtype=dtype, device=device)
+                    self._eager[key] = flat
+                view = flat[:numel].view(shape)
+                start = view.data_ptr()
+                hit = (shape, view, (start, start + numel * view.element_size()))
+                self._views[key] = hit
+        _, view, span = hit
+        if any(a is not None and _overlaps(span, device, a) for a in avoid):
             return torch.empty(shape, dtype=dtype, device=device)
         return view
 
