@@ -178,3 +178,12 @@ def test_accuracy_keeps_the_cases_it_finished_when_the_job_dies(tmp_path):
     assert rep["complete"] is False and rep["ok"] is False
     assert [c["shape"] for c in rep["cases"]] == ["1x4x8", "2x4x8"]
     assert rep["meta"]["cases_planned"] == 3
+
+
+def test_validate_offers_the_gsm8k_drivers_backends():
+    """--gsm8k-backends is checked against the driver's own list (kept in step here, because
+    the driver's module imports lm-eval and the check runs before anything heavy)."""
+    gsm8k = pytest.importorskip("dcp_a2a.evals.gsm8k")
+    from dcp_a2a.testing import cli
+
+    assert cli.eval_backends() == tuple(gsm8k.BACKENDS)
