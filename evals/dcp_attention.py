@@ -23,14 +23,15 @@ What one attention call does (query ``[B, Hq, Tq, D]``, key/value ``[B, Hkv, Tk,
    s = -inf on every rank) up to a multiple of N, the partials are merged through the chosen
    backend, and the padding heads are dropped.
 
-Combine paths (``DCPSettings.combine``):
-  ``triton``     dcp_a2a's kernels: ``dcp_a2a.inprocess.lse_reduce_in_process`` (N ranks in
-                 this process) -- the default on CUDA;
+Combine paths (``DCPSettings.combine``; evals/combine.py, batched over the ranks):
+  ``triton``     dcp_a2a's kernels -- the default on CUDA. packed: every rank's rows in one
+                 ``pack_send``, the all-to-all a transpose, one ``unpack_combine``; the other
+                 backends: ``dcp_a2a.inprocess.lse_reduce_in_process`` (N ranks' generators);
   ``reference``  the pure-PyTorch reference of each backend's wire path -- the default on CPU
                  where the Triton interpreter is slow:
-                   packed,         dcp_a2a.reference.contract's pack_send -> all-to-all
-                   two_collective  (dcp_a2a.testing.exchange) -> unpack_combine: the float64
-                                   merge rounded once (both backends merge the same states)
+                   packed,         dcp_a2a.reference.contract's pack_send -> all-to-all ->
+                   two_collective  unpack_combine: the float64 merge rounded once (both
+                                   backends merge the same states)
                    ag_rs           all-gather the LSEs, weight each partial by exp(s_r - g) in
                                    fp32, round to the output dtype, reduce-scatter summing in
                                    the output dtype (rank order)
@@ -45,7 +46,6 @@ through transformers' SDPA, as engines do; ``shard="all"`` shards every call (te
 
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -53,6 +53,9 @@ from typing import Any, Callable
 import torch
 
 from dcp_a2a import BACKENDS  # noqa: F401  (the backends a DCPSettings may name)
+
+from .combine import combine_distributed, combine_partials
+from .kv_cache import DCPShardedCache  # noqa: F401  (its home was here)
 
 ATTN_NAME = "dcp"
 COMBINES = ("auto", "triton", "reference")
@@ -160,6 +163,23 @@ def visible_mask(attention_mask, batch: int, q_len: int, kv_len: int,
 _SCORE_BUDGET = 1 << 26
 
 
+def _rank_index(owner: torch.Tensor, ranks: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(slot[Tk], ids[len(ranks)])``: the position of each key's rank in ``ranks`` (or
+    ``len(ranks)``, a slot that is dropped, for a rank not asked for) and ``ranks`` as a
+    tensor -- built on the device (a contiguous range is an ``arange``: a host list copied to a
+    CUDA device would be a synchronising copy at every layer)."""
+    dev = owner.device
+    first = ranks[0] if ranks else 0
+    if ranks == list(range(first, first + len(ranks))):
+        ids = torch.arange(first, first + len(ranks), device=dev)
+    else:
+        ids = torch.tensor(ranks, device=dev)
+    hit = owner[:, None] == ids[None, :]  # [Tk, Rn]
+    slot = torch.where(hit.any(dim=1), hit.to(torch.uint8).argmax(dim=1),
+                       torch.full_like(owner, len(ranks)))
+    return slot, ids
+
+
 def partial_attention(query, key, value, visible, scaling: float, base_e: bool,
                       out_dtype: torch.dtype, owner: torch.Tensor | None = None,
                       ranks=None):
@@ -174,11 +194,13 @@ def partial_attention(query, key, value, visible, scaling: float, base_e: bool,
     ``nkeys[Rn, B, Tq]``. Rows without a visible key give out = 0 and lse = -inf (the
     empty-shard identity), never NaN.
 
-    The ranks share one score matrix ``q k^T`` and one ``p v`` product whose rows are
-    (head, rank, query) with p = 0 outside the rank's keys: each rank's partial is computed
-    over exactly its keys (exp(-inf) = 0 adds nothing), without a gathered copy of the shard --
-    the KV cache is read once per call, as SDPA reads it, which is what makes DCP decode cost
-    about what unsharded decode costs here.
+    The ranks share one score matrix ``s = q k^T`` (float32 at least). Each rank's max is one
+    scatter-amax of ``s`` over the key axis and ``exp(s - max of the key's rank)`` is taken
+    once per score; the probabilities of rank r are that with 0 outside its keys, and one
+    ``p v`` product, whose rows are (head, rank, query), sums each rank over exactly its keys
+    (the zeros add nothing): no gathered copy of a shard, the KV cache read once per call.
+    (The sums keep the full key axis with zeros in place: summed over a compacted shard they
+    would round in another order.)
     """
     B, Hq, Tq, D = query.shape
     Hkv, Tk = key.shape[1], key.shape[2]
@@ -192,6 +214,7 @@ def partial_attention(query, key, value, visible, scaling: float, base_e: bool,
     elif ranks is None:
         ranks = range(int(owner.max()) + 1 if Tk else 0)
     ranks = list(ranks)
+    Rn = len(ranks)
     ct = torch.promote_types(query.dtype, torch.float32)
     q = query.to(ct).reshape(B, Hkv, G * Tq, D)
     k = key.to(ct)
@@ -202,209 +225,42 @@ def partial_attention(query, key, value, visible, scaling: float, base_e: bool,
     s = s.reshape(B, Hkv, G, 1, Tq, Tk)
     vis = visible[:, :, None] if visible.shape[1] == 1 else visible.reshape(B, Hkv, G, Tq, Tk)
     vis = vis[:, :, :, None]  # [B, Hkv|1, G|1, 1, Tq, Tk]
-    vis_any = visible.any(dim=1)  # [B, Tq, Tk]
     ex = torch.exp if base_e else torch.exp2
     log = torch.log if base_e else torch.log2
+    slot, ids = _rank_index(owner, ranks)
+    sv = torch.where(vis, s, -math.inf)  # [B, Hkv, G, 1, Tq, Tk]
+    # each rank's max over its visible keys (slot Rn: keys of ranks not asked for)
+    m_all = sv.new_full((*sv.shape[:-1], Rn + 1), -math.inf).scatter_reduce_(
+        -1, slot.expand(sv.shape), sv, "amax")  # [B, Hkv, G, 1, Tq, Rn + 1]
+    empty_all = m_all == -math.inf
+    m_all = torch.where(empty_all, torch.zeros_like(m_all), m_all)  # m_safe
+    p_all = ex(sv - m_all.gather(-1, slot.expand(sv.shape)))  # exactly 0 where not visible
+    m_all = m_all[..., :Rn].transpose(3, -1)  # [B, Hkv, G, Rn, Tq, 1]
+    empty_all = empty_all[..., :Rn].transpose(3, -1)
+    vis_any = visible.any(dim=1)  # [B, Tq, Tk]
+    nk = vis_any.new_zeros((B, Tq, Rn + 1), dtype=torch.long).scatter_add_(
+        -1, slot.expand(vis_any.shape), vis_any.long())[..., :Rn].movedim(-1, 0)  # [Rn, B, Tq]
     per_rank = max(1, B * Hq * Tq * Tk)
     step = max(1, _SCORE_BUDGET // per_rank)
-    outs, lses, nks = [], [], []
-    for c in range(0, len(ranks), step):
-        chunk = torch.tensor(ranks[c:c + step], device=query.device)
-        mine = owner[None, :] == chunk[:, None]  # [Rc, Tk]
-        Rc = len(chunk)
-        keep = vis & mine[:, None, :]  # [B, Hkv|1, G|1, Rc, Tq, Tk]
-        sr = torch.where(keep, s, -math.inf)  # [B, Hkv, G, Rc, Tq, Tk]
-        m = sr.amax(dim=-1, keepdim=True) if Tk else torch.full(
-            (*sr.shape[:-1], 1), -math.inf, dtype=ct, device=s.device)
-        empty = m == -math.inf
-        m_safe = torch.where(empty, torch.zeros_like(m), m)
-        p = ex(sr - m_safe)  # exactly 0 where masked
+    outs, lses = [], []
+    for c in range(0, Rn, step):
+        Rc = min(step, Rn - c)
+        mine = slot[None, :] == torch.arange(c, c + Rc, device=slot.device)[:, None]  # [Rc, Tk]
+        p = torch.where(mine[:, None, :], p_all, 0.0)  # [B, Hkv, G, Rc, Tq, Tk]
+        m_safe, empty = m_all[:, :, :, c:c + Rc], empty_all[:, :, :, c:c + Rc]
         total = p.sum(dim=-1, keepdim=True)
         denom = torch.where(empty, torch.ones_like(total), total)
         o = torch.matmul(p.reshape(B, Hkv, G * Rc * Tq, Tk), v).reshape(B, Hkv, G, Rc, Tq, D)
         o = torch.where(empty, torch.zeros_like(o), o / denom)
-        lse = torch.where(empty, torch.full_like(m, -math.inf), m_safe + log(denom))
+        lse = torch.where(empty, torch.full_like(m_safe, -math.inf), m_safe + log(denom))
         outs.append(o.permute(3, 0, 1, 2, 4, 5).reshape(Rc, B, Hq, Tq, D).to(out_dtype))
         lses.append(lse.squeeze(-1).permute(3, 0, 1, 2, 4).reshape(Rc, B, Hq, Tq)
                     .to(torch.float32))
-        nks.append((vis_any[None] & mine[:, None, None, :]).sum(dim=-1))  # [Rc, B, Tq]
-    out, lse, nk = torch.cat(outs), torch.cat(lses), torch.cat(nks)
+    out = outs[0] if len(outs) == 1 else torch.cat(outs)
+    lse = lses[0] if len(lses) == 1 else torch.cat(lses)
     if single:
         return out[0], lse[0], nk[0]
     return out, lse, nk
-
-
-# ----------------------------------------------------------------------------- combines
-def _masked_lse(lse: torch.Tensor, seq_lens: torch.Tensor) -> torch.Tensor:
-    """float32 LSE with rows of no local KV set to -inf (each row is its own request here)."""
-    out = lse.to(torch.float32).clone()
-    out[seq_lens <= 0] = -math.inf
-    return out
-
-
-def _ref_wire(outs, lses, seq_lens, qsl, base_e):
-    """packed and two_collective through the reference contract (they merge the same exchanged
-    states the same way): every rank's pack_send, the all-to-all, unpack_combine."""
-    from dcp_a2a.reference import contract
-    from dcp_a2a.testing.exchange import merge_all
-
-    return merge_all(contract, torch.stack(outs), torch.stack(lses), return_lse=False,
-                     base_e=base_e, seq_lens=seq_lens, query_start_loc=qsl)
-
-
-def _ref_ag_rs(outs, lses, seq_lens, qsl, base_e):
-    n = len(outs)
-    R, Hp, D = outs[0].shape
-    hpr = Hp // n
-    gathered = torch.stack([_masked_lse(s, sl) for s, sl in zip(lses, seq_lens)])  # all-gather
-    m = gathered.amax(dim=0)
-    m_safe = torch.where(m == -math.inf, torch.zeros_like(m), m)
-    ex = torch.exp if base_e else torch.exp2
-    log = torch.log if base_e else torch.log2
-    total = ex(gathered - m_safe).sum(dim=0)
-    g = torch.where(total > 0, m_safe + log(torch.where(total > 0, total, 1.0)),
-                    torch.full_like(m, -math.inf))
-    g_safe = torch.where(g == -math.inf, torch.zeros_like(g), g)
-    scaled = []
-    for r in range(n):  # each rank weights its own partial in fp32, rounds to the output dtype
-        w = torch.where(gathered[r] == -math.inf, torch.zeros_like(g), ex(gathered[r] - g_safe))
-        y = torch.where(w[..., None] > 0, w[..., None] * outs[r].to(torch.float32), 0.0)
-        scaled.append(y.to(outs[r].dtype).unflatten(1, (n, hpr)).transpose(0, 1))
-    res = []
-    for d in range(n):  # reduce-scatter: sum in the output dtype, in rank order
-        acc = scaled[0][d].clone()
-        for src in range(1, n):
-            acc += scaled[src][d]
-        res.append(acc)
-    return res
-
-
-# symm_mem moves the packed wire format and merges it with the packed combine
-_REFERENCE = {"packed": _ref_wire, "two_collective": _ref_wire, "ag_rs": _ref_ag_rs,
-              "symm_mem": _ref_wire}
-
-
-def combine_partials(outs, lses, seq_lens, query_start_loc, settings: DCPSettings):
-    """Merge per-rank partials ``outs[r][R, Hp, D]`` / ``lses[r][R, Hp]`` (Hp % N == 0).
-
-    Returns the merged ``[R, Hp, D]`` (all heads: the per-rank head slices concatenated)."""
-    kind = settings.combine_for(outs[0].device)
-    if kind == "triton":
-        from dcp_a2a.inprocess import lse_reduce_in_process
-
-        res = lse_reduce_in_process(outs, lses, return_lse=False,
-                                    is_lse_base_on_e=settings.base_e, seq_lens=seq_lens,
-                                    query_start_loc=query_start_loc, backend=settings.backend)
-    else:
-        res = _REFERENCE[settings.backend](outs, lses, seq_lens, query_start_loc,
-                                           settings.base_e)
-    return torch.cat(res, dim=1)
-
-
-def _symm_buffers(settings: DCPSettings, out):
-    from dcp_a2a import SymmMemBuffers
-
-    R, H, D = out.shape
-    key = (H, D, out.dtype)
-    bufs = settings.symm_buffers.get(key)
-    if bufs is None or bufs.tables.max_tokens < R:  # every rank has the same R: collective
-        bufs = SymmMemBuffers(settings.group, max_tokens=max(R, 1), num_heads=H, head_dim=D,
-                              dtype=out.dtype, device=out.device)
-        settings.symm_buffers[key] = bufs
-    return bufs
-
-
-def _combine_distributed(out, lse, seq_lens, qsl, settings: DCPSettings):
-    import torch.distributed as dist
-
-    from dcp_a2a import lse_reduce
-
-    kw = {}
-    if settings.backend == "symm_mem":
-        kw["buffers"] = _symm_buffers(settings, out)
-    mine = lse_reduce(out, lse, settings.group, return_lse=False,
-                      is_lse_base_on_e=settings.base_e, seq_lens=seq_lens,
-                      query_start_loc=qsl, backend=settings.backend, **kw)
-    n = settings.world_size
-    R, hpr, D = mine.shape
-    # rank-major along dim 0 (gloo checks each rank's chunk against the input's shape)
-    gathered = torch.empty((n * R, hpr, D), dtype=mine.dtype, device=mine.device)
-    # torch >= 2.13 renames all_gather_into_tensor (and warns on the old name)
-    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-    gather(gathered, mine.contiguous(), group=settings.group.device_group)
-    return gathered.view(n, R, hpr, D).permute(1, 0, 2, 3).reshape(R, n * hpr, D)
-
-
-# ----------------------------------------------------------------------------- KV cache shard
-@functools.lru_cache(maxsize=None)
-def _shard_layer_class():
-    """The cache layer class of :func:`DCPShardedCache`, derived from transformers'
-    ``DynamicLayer`` at first use (importing this module needs no transformers)."""
-    from transformers.cache_utils import DynamicLayer
-
-    class DCPShardLayer(DynamicLayer):
-        """One layer's KV cache on one DCP rank: only the positions j with
-        ``(j // interleave) % world_size == rank`` are stored.
-
-        ``update`` with several tokens is the (unsharded) prefill of an empty cache: it stores
-        the owned positions and returns all the keys, so SDPA prefills as the unsharded model
-        does. With one token (a decode step) it appends the token if owned and returns the
-        local keys only. ``positions``: their global positions; ``total``: the global length
-        (what ``get_seq_length`` reports, so transformers' positions and masks stay global)."""
-
-        def __init__(self, rank: int, world_size: int, interleave: int):
-            super().__init__()
-            self.rank, self.world_size, self.interleave = rank, world_size, interleave
-            self.total = 0
-            self.positions = None
-
-        def lazy_initialization(self, key_states, value_states):
-            self.device = key_states.device
-            self.keys = key_states[..., :0, :]
-            self.values = value_states[..., :0, :]
-            self.positions = torch.zeros(0, dtype=torch.long, device=self.device)
-            self.is_initialized = True
-
-        def update(self, key_states, value_states, *args, **kwargs):
-            if not self.is_initialized:
-                self.lazy_initialization(key_states, value_states)
-            t = key_states.shape[-2]
-            if t > 1 and self.total:
-                raise NotImplementedError("the sharded DCP cache takes one prefill of an "
-                                          "empty cache, then one token a step")
-            pos = torch.arange(self.total, self.total + t, device=self.device)
-            mine = (pos // self.interleave) % self.world_size == self.rank
-            self.keys = torch.cat([self.keys, key_states[..., mine, :]], dim=-2)
-            self.values = torch.cat([self.values, value_states[..., mine, :]], dim=-2)
-            self.positions = torch.cat([self.positions, pos[mine]])
-            self.total += t
-            if t > 1:
-                return key_states, value_states
-            return self.keys, self.values
-
-        def get_seq_length(self) -> int:
-            return self.total
-
-        def reset(self) -> None:
-            super().reset()
-            self.total = 0
-            self.positions = None
-
-        def crop(self, tokens_to_remove: int) -> None:
-            raise NotImplementedError("the sharded DCP cache cannot be cropped")
-
-    return DCPShardLayer
-
-
-def DCPShardedCache(num_layers: int, rank: int, world_size: int, interleave: int = 1):
-    """A transformers ``Cache`` holding DCP rank ``rank``'s shard of the KV cache, one
-    ``DCPShardLayer`` per layer (see :func:`_shard_layer_class`): the positions j with
-    ``(j // interleave) % world_size == rank``, as a DCP engine's KV cache. Pass it to
-    ``generate(past_key_values=...)`` and set it as ``DCPSettings.kv_cache``."""
-    from transformers.cache_utils import Cache
-
-    cls = _shard_layer_class()
-    return Cache(layers=[cls(rank, world_size, interleave) for _ in range(num_layers)])
 
 
 # ----------------------------------------------------------------------------- attention
@@ -421,7 +277,6 @@ def dcp_attention(query, key, value, visible, scaling: float, settings: DCPSetti
     wire = settings.wire_dtype or query.dtype
     hp = -(-Hq // n) * n
     R = B * Tq
-    qsl = torch.arange(R + 1, dtype=torch.int32, device=query.device)
     if local_kv:
         o_all, s_all, nk_all = (x[None] for x in partial_attention(
             query, key, value, visible, scaling, settings.base_e, wire))
@@ -438,24 +293,19 @@ def dcp_attention(query, key, value, visible, scaling: float, settings: DCPSetti
         o_all = torch.cat([o_all, o_all.new_zeros(o_all.shape[0], R, hp - Hq, D)], dim=2)
         s_all = torch.cat([s_all, s_all.new_full((s_all.shape[0], R, hp - Hq), -math.inf)],
                           dim=2)
-    outs = list(o_all.unbind(0))
-    lses = list(s_all.unbind(0))
-    seq_lens = [x.reshape(R).to(torch.int32) for x in nk_all.unbind(0)]
-    sent_outs, sent_lses = outs, lses
+    seq_lens = nk_all.reshape(-1, R).to(torch.int32)  # [Rn, R]
+    sent_o, sent_s = o_all, s_all
     if settings.poison_empty:
-        sent_outs, sent_lses = [], []
-        for o, s, sl in zip(outs, lses, seq_lens):
-            o, s = o.clone(), s.clone()
-            o[sl <= 0] = math.nan
-            s[sl <= 0] = 0.0
-            sent_outs.append(o)
-            sent_lses.append(s)
+        gone = seq_lens <= 0
+        sent_o = o_all.masked_fill(gone[..., None, None], math.nan)
+        sent_s = s_all.masked_fill(gone[..., None], 0.0)
     if settings.group is not None:
-        merged = _combine_distributed(sent_outs[0], sent_lses[0], seq_lens[0], qsl, settings)
+        merged = combine_distributed(sent_o[0], sent_s[0], seq_lens[0], settings)
     else:
-        merged = combine_partials(sent_outs, sent_lses, seq_lens, qsl, settings)
+        merged = combine_partials(sent_o, sent_s, seq_lens, settings)
     if settings.recorder is not None:
-        settings.recorder(layer_idx, outs, lses, seq_lens, merged)
+        settings.recorder(layer_idx, list(o_all.unbind(0)), list(s_all.unbind(0)),
+                          list(seq_lens.unbind(0)), merged)
     merged = merged[:, :Hq].reshape(B, Tq, Hq, D).permute(0, 2, 1, 3)
     return merged.to(query.dtype)
 

@@ -5,7 +5,7 @@
 Every rank loads the model on its own device (NCCL with rank r on cuda:LOCAL_RANK where CUDA
 is available, else gloo on the CPU; ``--process-group gloo`` with CUDA: gloo between ranks on
 the GPUs, see :func:`rank_device`) and holds only its shard of the KV cache (token
-interleave: :class:`evals.dcp_attention.DCPShardedCache`). At every decode step each rank
+interleave: :class:`evals.kv_cache.DCPShardedCache`). At every decode step each rank
 computes the partial attention over its shard and merges it with ``dcp_a2a.lse_reduce`` on the
 real group (then all-gathers the head slices: the next layer needs every head).
 
@@ -30,6 +30,7 @@ outside a collective: the others exit with an error instead of waiting).
 from __future__ import annotations
 
 import os
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -146,7 +147,7 @@ def _generate(lm, context, max_length, stop, generation_kwargs):
     from lm_eval.models.huggingface import HFLM
     from transformers import LogitsProcessorList
 
-    from .dcp_attention import DCPShardedCache
+    from .kv_cache import DCPShardedCache, PreallocatedCache
 
     ctx = lm.dcp_rank
     kw = dict(generation_kwargs)
@@ -160,8 +161,15 @@ def _generate(lm, context, max_length, stop, generation_kwargs):
         settings.kv_cache = DCPShardedCache(cfg.num_hidden_layers, ctx.rank, ctx.world_size,
                                             settings.interleave)
         kw["past_key_values"] = settings.kv_cache
+    elif getattr(lm, "kv_cache", "dynamic") == "preallocated":  # the unsharded reference
+        cache = PreallocatedCache(lm.model.config, max_length)
+        if cache is not None:
+            kw["past_key_values"] = cache
     try:
-        return HFLM._model_generate(lm, context, max_length, stop, **kw)
+        with warnings.catch_warnings():  # past_key_values= (see DCPHFLM._model_generate)
+            warnings.filterwarnings("ignore", message=".*past_key_values.*deprecated",
+                                    category=FutureWarning)
+            return HFLM._model_generate(lm, context, max_length, stop, **kw)
     finally:
         if settings is not None:
             settings.kv_cache = None

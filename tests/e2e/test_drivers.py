@@ -80,3 +80,12 @@ def test_gsm8k_driver_through_lm_eval(tiny_dir, tmp_path):
                        "--out", str(tmp_path / "p")])
     assert apart["paired"] == report["paired"] and apart["baseline"] == "reference"
     assert json.loads((tmp_path / "p" / "results.json").read_text())["paired"] == apart["paired"]
+    # and from the results file alone (what docs/evals_data keeps): its per-question records
+    # give every number but the token-prefix agreement
+    kept = tmp_path / "kept.json"
+    kept.write_text((out / "results.json").read_text())
+    runs = [r for b in ("reference", "packed", "ag_rs") for r in pair.load_runs(f"{kept}:{b}")]
+    for name, p in pair.pair_runs(runs, None)["paired"].items():
+        assert p.pop("token_prefix_agreement") is None
+        assert p == {k: v for k, v in report["paired"][name].items()
+                     if k != "token_prefix_agreement"}

@@ -98,8 +98,78 @@ def test_the_command_fails_in_one_line(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert err == (f"python -m dcp_a2a.evals.pair: error: {tmp_path / 'nowhere' / 'results.json'}"
                    " not found; fix: pass the --out directory of a python -m dcp_a2a.evals.gsm8k"
-                   " run")
+                   " run, or its results JSON file")
     d = _write_run(tmp_path / "a", "reference", [1], ["a"])
     with pytest.raises(SystemExit) as e:  # one run: nothing to pair it with
         pair.main([str(d)])
     assert e.value.code == 2 and "at least one run to pair" in capsys.readouterr().err
+
+
+def _records_only(d, name="kept.json"):
+    """The run as committed under docs/evals_data: its results file alone, the per-question
+    records in it (written here as the driver writes them), no samples file."""
+    from dcp_a2a.evals.records import question_records
+
+    report = json.loads((d / "results.json").read_text())
+    for r in report["runs"]:
+        f = d / f"samples_{r['backend']}.jsonl"
+        r["questions"] = question_records([json.loads(x) for x in f.read_text().splitlines()])
+    out = d.parent / f"{d.name}-{name}"
+    out.write_text(json.dumps(report))
+    return out
+
+
+def test_pairing_from_the_kept_records_alone(tmp_path):
+    """Answers, correctness and a hash of each generation are kept per question in the results
+    file: every paired number but the token-prefix agreement comes out of it alone, equal to
+    what the samples give."""
+    base = _write_run(tmp_path / "ref32", "reference", [1, 1, 1, 0, 0, 1], list("abcdef"))
+    other = _write_run(tmp_path / "ref16", "reference", [0, 0, 0, 0, 0, 1],
+                       ["a", "b", "x", "d", "e", "y"], dtype="bfloat16")
+    full = pair.pair_runs(pair.load_runs(str(base)) + pair.load_runs(str(other)), _chars)
+    kept = [_records_only(base), _records_only(other)]
+    runs = pair.load_runs(str(kept[0])) + pair.load_runs(f"{kept[1]}:reference")
+    assert all("generation" not in s for r in runs for s in r["samples"])
+    apart = pair.pair_runs(runs, None)  # no tokenizer needed
+    label = "reference, dtype=bfloat16"
+    got, want = apart["paired"][label], full["paired"][label]
+    assert got["token_prefix_agreement"] is None and want["token_prefix_agreement"] < 1
+    assert {k: v for k, v in got.items() if k != "token_prefix_agreement"} == \
+        {k: v for k, v in want.items() if k != "token_prefix_agreement"}
+    assert got["identical_generations"] == pytest.approx(4 / 6)  # from the hashes
+    assert f"| {label} | 0.167 ± 0.100 | 0.500 | 3 | 0 | 0.25 | 0.667 | n/a |" \
+        in pair.markdown(apart)
+    # the paired report keeps every run's records and settings: it pairs again
+    report = tmp_path / "paired.json"
+    report.write_text(json.dumps(apart))
+    again = pair.pair_runs(pair.load_runs(str(report)), None)
+    assert again["paired"][label] == got
+
+
+def test_the_command_pairs_records_without_the_model(tmp_path, monkeypatch, capsys):
+    """No samples, so no tokenizer: the command never looks for the model (not prepared
+    here), and says n/a for the token prefix."""
+    from dcp_a2a.evals import model
+
+    def no_model(*a, **k):
+        raise AssertionError("the tokenizer was loaded")
+
+    monkeypatch.setattr(model, "load_tokenizer", no_model)
+    a = _records_only(_write_run(tmp_path / "a", "reference", [1, 0], ["p", "q"]))
+    b = _records_only(_write_run(tmp_path / "b", "packed", [1, 1], ["p", "r"]))
+    report = pair.main([str(a), str(b), "--out", str(tmp_path / "out")])
+    assert report["paired"]["packed"]["identical_generations"] == 0.5
+    assert report["paired"]["packed"]["strict-match"]["flips_wrong_to_right"] == 1
+    out = capsys.readouterr().out
+    assert "| packed | 1.000 ± 0.100 | 0.500 | 0 | 1 | 1 | 0.500 | n/a |" in out
+
+
+def test_a_results_file_without_records_is_refused_in_one_line(tmp_path, capsys):
+    old = _write_run(tmp_path / "old", "reference", [1], ["a"])
+    copy = tmp_path / "old.json"
+    copy.write_text((old / "results.json").read_text())
+    with pytest.raises(SystemExit) as e:
+        pair.main([str(copy), str(old)])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1
+    assert "keeps no per-question records of reference" in err

@@ -1,0 +1,99 @@
+"""The eval commands' arguments, as a user meets them (the real commands, in subprocesses):
+a bad value is a usage error -- exit status 2, one line naming the option -- before anything is
+loaded; the GSM8K driver's stderr carries no git noise outside a checkout; and the help of
+``python -m dcp_a2a.evals.lm_eval_model`` is the flat command its own example runs."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.unit
+
+
+def _run(module, *argv, cwd, env=None, timeout=120):
+    """The installed command (cwd: a directory of no checkout, so that ``python -m`` finds
+    the installed package, not one in the working directory)."""
+    return subprocess.run([sys.executable, "-m", f"dcp_a2a.evals.{module}", *argv],
+                          capture_output=True, text=True, timeout=timeout, cwd=cwd,
+                          env={**os.environ, **(env or {})})
+
+
+# Each case ran on before: --dcp-size 0 silently as N = 3, --limit -3 into lm-eval after the
+# model load, --backends packed,packed twice. Here they would reach the model check (an
+# unprepared model in an empty cache: a different one-line error), never the model itself.
+BAD = [
+    ("gsm8k", ["--dcp-size", "0"], "argument --dcp-size: expected a whole number >= 1, got '0'"),
+    ("gsm8k", ["--limit", "-3"], "argument --limit: expected a whole number >= 1, got '-3'"),
+    ("gsm8k", ["--backends", "packed,packed"], "argument --backends: backend packed given twice"),
+    ("gsm8k", ["--device", "cuda:7"], "argument --device: cuda:7: "),
+    ("logit_parity", ["--dcp-size", "0"], "argument --dcp-size: expected a whole number >= 1"),
+    ("logit_parity", ["--backends", "packed,nccl"],
+     "argument --backends: unknown backend 'nccl'; expected some of packed, two_collective"),
+    ("logit_parity", ["--dtypes", "float32,fp8"], "argument --dtypes: unknown dtype 'fp8'"),
+]
+
+
+@pytest.mark.parametrize("module,argv,message", BAD, ids=[" ".join(a) for _, a, _ in BAD])
+def test_a_bad_argument_is_one_usage_line_before_anything_loads(module, argv, message,
+                                                                tmp_path):
+    proc = _run(module, "--model", "qwen2.5-coder-0.5b", *argv, cwd=tmp_path,
+                env={"DCP_A2A_MODEL_CACHE": str(tmp_path / "empty")})
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith(f"python -m dcp_a2a.evals.{module}: error: {message}"), lines[0]
+    assert proc.stdout == ""
+
+
+@pytest.mark.e2e
+def test_gsm8k_stderr_has_no_git_noise_outside_a_checkout(tiny_dir, tmp_path):
+    """lm-eval asks git for a commit hash; outside a checkout git said ``fatal: not a git
+    repository`` on the driver's stderr. The run also keeps its per-question records."""
+    pytest.importorskip("lm_eval", reason="lm-eval is not installed (the test extra has it)")
+    model_dir, data = tiny_dir
+    cwd = tmp_path / "elsewhere"
+    cwd.mkdir()
+    proc = _run("gsm8k", "--pretrained", str(model_dir), "--gsm8k-dir", str(data),
+                "--backends", "reference,packed", "--limit", "2", "--batch-size", "2",
+                "--max-gen-toks", "3", "--dcp-size", "2", "--device", "cpu", "--out", "out",
+                cwd=cwd, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "fatal:" not in proc.stderr and "not a git repository" not in proc.stderr
+    report = json.loads((cwd / "out" / "results.json").read_text())
+    for run in report["runs"]:
+        assert [q["doc_id"] for q in run["questions"]] == [0, 1]
+        assert all(re.fullmatch(r"[0-9a-f]{16}", q["generation_sha256"])
+                   for q in run["questions"])
+
+
+@pytest.mark.e2e
+def test_lm_eval_model_help_is_the_flat_command_of_its_example(tmp_path):
+    """--help shows the options its example uses, as this command takes them (no lm-eval
+    subcommand), and the example parses with them."""
+    pytest.importorskip("lm_eval", reason="lm-eval is not installed (the test extra has it)")
+    from dcp_a2a.evals import lm_eval_model as lm
+    from dcp_a2a.evals.model import MODELS
+
+    proc = _run("lm_eval_model", "--help", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert "usage: python -m dcp_a2a.evals.lm_eval_model --model dcp-hf" in out
+    assert "COMMAND" not in out and "lm-eval run" not in out
+    example = re.search(r"^    (python -m dcp_a2a\.evals\.lm_eval_model .*?)\n\n",
+                        lm.__doc__, re.S | re.M).group(1).replace("\\\n", " ")
+    argv = shlex.split(example)[3:]
+    assert argv == shlex.split(lm.EXAMPLE)[3:]  # the docstring and the help's example agree
+    options = set(re.findall(r"^\s+(--[a-z_]+)", out, re.M))
+    used = [a for a in argv if a.startswith("--")]
+    assert used and not set(used) - options, set(used) - options
+    ns = lm.run_parser().parse_args(argv)  # lm-eval's own parser takes the example as given
+    assert ns.model == "dcp-hf" and "gsm8k_local" in str(ns.tasks)
+    for name in MODELS:  # and the model_args list names every registered model
+        assert name in out, name
