@@ -1,31 +1,13 @@
 """Graph lifetime at N >= 2 only: the send/recv staging of a real exchange lives in module-level buffers that a larger call reallocates (the old block freed, also under capture), while a group of one takes a correct path (as engines pass it straight through), so a graph captured before the regrow replays into freed memory and no group-of-one test can see it."""
 
-import torch
-
 import dcp_a2a
 from dcp_a2a import StagingBuffers
 
+from ._regrowing import RegrowingWorkspace
+
 NEEDS_GPUS = 1  # CUDA graphs: the self-check runs this mutant only where there is a GPU
 
-
-class _Regrows(StagingBuffers):
-    """One grow-by-reallocation buffer per (device, stream, dtype, tag), handed out during
-    captures too; everything else as the project's StagingBuffers."""
-
-    def get(self, shape, dtype, device, tag, avoid=()):
-        numel = 1
-        for s in shape:
-            numel *= int(s)
-        device = torch.device(device)
-        key = self._eager_key(device, dtype, tag)
-        flat = self._eager.get(key)
-        if flat is None or flat.numel() < numel:
-            flat = torch.empty(numel, dtype=dtype, device=device)  # the old block is freed
-            self._eager[key] = flat
-        return flat[:numel].view(shape)
-
-
-_MULTI_RANK = _Regrows()
+_MULTI_RANK = RegrowingWorkspace()
 _ONE_RANK = StagingBuffers()
 lse_pack_dim, pack_send, unpack_combine = (dcp_a2a.lse_pack_dim, dcp_a2a.pack_send,
                                            dcp_a2a.unpack_combine)
