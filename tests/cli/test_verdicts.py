@@ -20,8 +20,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _run(args, *, env=None, cwd=None, timeout=600, module="dcp_a2a"):
-    full = dict(os.environ, **(env or {}))
-    full.pop("DCP_A2A_IMPL", None) if "DCP_A2A_IMPL" not in (env or {}) else None
+    env = env or {}
+    # the caller's implementation variable never leaks in: only what the test sets
+    full = {k: v for k, v in os.environ.items() if k != "DCP_A2A_IMPL"} | env
     return subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True,
                           timeout=timeout, env=full, cwd=cwd or ROOT)
 

@@ -39,7 +39,7 @@ ENTRY_POINTS = {"dcp-a2a": "dcp_a2a.testing.cli", "dcp-a2a-bench": "dcp_a2a.test
 def _shell_lines():
     """(where, command) of every line of a shell block, continuations joined."""
     for doc in DOCS:
-        inside, lang, start = False, "", 0
+        inside, lang = False, ""
         pending, first = "", 0
         for no, line in enumerate(doc.read_text().splitlines(), 1):
             m = re.match(r"^\s*```(\w*)", line)
