@@ -157,12 +157,7 @@ def pool_shuffled_replays(impl, group, rank: int, n: int, device, replays: int =
     for b in POOL_SIZES:
         outs, lses = partials(n, b, 100 + b, device, mirror=mirror)
         out, lse = outs[rank].clone(), lses[rank].clone()
-        fn = lambda o=out, l=lse: _call(impl, group, o, l)  # noqa: E731
-        fn()
-        torch.cuda.synchronize()
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g, pool=pool):
-            res = fn()
+        g, res = _capture(lambda o=out, l=lse: _call(impl, group, o, l), pool)
         graphs.append(dict(b=b, graph=g, res=res, inputs=(out, lse), fed=None))
 
     def replay(k: int, i: int) -> None:
