@@ -6,9 +6,15 @@ public ``torch.distributed`` collectives like any group) standing for rank ``r``
 ``N`` ranks that all hold the same partials. Each collective is then a device copy on the
 current stream, so it can be captured in a CUDA graph:
 
-    all_to_all_single  recv[s] = send[r] for every s   (rank s sent what rank r sends: the same)
-    all_gather         out[s] = in for every s
-    reduce_scatter     out = in[r] summed N times      (in the dtype, rank order 0..N-1)
+    all_to_all(_single)          recv[s] = send[r] for every s   (rank s sent what rank r
+                                 sends: the same)
+    all_gather(_into_tensor)     out[s] = in for every s
+    reduce_scatter(_tensor)      out = in[r] summed N times      (in the dtype, rank order)
+    all_reduce                   SUM: x summed N times; MAX, MIN, AVG: x
+    broadcast, barrier           nothing to do (every rank holds the same)
+
+A collective it does not model raises (the scenario then reports the error; an implementation
+is never judged on a collective the group cannot simulate silently).
 
 Every implementation's staging is exercised as on a real group of N (an implementation that
 passes a group of one straight through packs and exchanges here), and the expected merge is
@@ -22,6 +28,7 @@ device_group). ``torch.distributed`` needs no ``init_process_group`` for it.
 
 from __future__ import annotations
 
+import torch
 import torch.distributed as dist
 from torch.futures import Future
 
@@ -85,3 +92,38 @@ class MirrorGroup(dist.ProcessGroup):
         return _Done(output)
 
     _reduce_scatter_base = reduce_scatter_single
+
+    # the list forms (torch.distributed.all_gather, all_to_all, reduce_scatter) and the rest
+    def allgather(self, output_lists, inputs, opts=None):
+        for outs, inp in zip(output_lists, inputs):
+            for o in outs:
+                o.copy_(inp)
+        return _Done(output_lists)
+
+    def alltoall(self, outputs, inputs, opts=None):
+        for o in outputs:
+            o.copy_(inputs[self._r])
+        return _Done(outputs)
+
+    def reduce_scatter(self, outputs, input_lists, opts=None):
+        for o, inps in zip(outputs, input_lists):
+            self.reduce_scatter_single(o, torch.stack(list(inps)))
+        return _Done(outputs)
+
+    def allreduce(self, tensors, opts=None):
+        op = getattr(opts, "reduceOp", dist.ReduceOp.SUM)
+        op = getattr(op, "op", op)  # a ReduceOp holds its RedOpType in .op
+        if op == dist.ReduceOp.SUM:
+            for t in tensors:
+                part = t.clone()
+                for _ in range(self._n - 1):
+                    t.add_(part)
+        elif op not in (dist.ReduceOp.MAX, dist.ReduceOp.MIN, dist.ReduceOp.AVG):
+            raise ValueError(f"MirrorGroup.allreduce: {op} is not modelled")
+        return _Done(tensors)
+
+    def broadcast(self, tensors, opts=None):
+        return _Done(tensors)
+
+    def barrier(self, opts=None):
+        return _Done(None)

@@ -42,6 +42,33 @@ def test_mirror_collectives_are_copies_of_this_rank():
     assert torch.equal(scattered, n * send[r])
 
 
+def test_mirror_list_collectives_and_all_reduce():
+    """The list forms a correct implementation may use instead (all_gather, all_to_all,
+    reduce_scatter), all_reduce, broadcast and barrier: the same semantics; an unmodelled
+    reduction is refused, not approximated."""
+    n, r = 3, 1
+    pg = MirrorGroup(n, r)
+    x = torch.arange(n * 2, dtype=torch.float32).view(n, 2)
+    outs = [torch.full((n, 2), math.nan) for _ in range(n)]
+    dist.all_gather(outs, x, group=pg)
+    assert all(torch.equal(o, x) for o in outs)
+    recv = [torch.full((2,), math.nan) for _ in range(n)]
+    dist.all_to_all(recv, list(x.unbind(0)), group=pg)
+    assert all(torch.equal(o, x[r]) for o in recv)
+    scattered = torch.full((2,), math.nan)
+    dist.reduce_scatter(scattered, list(x.unbind(0)), group=pg)
+    assert torch.equal(scattered, n * x[r])
+    total, top = x.clone(), x.clone()
+    dist.all_reduce(total, group=pg)
+    dist.all_reduce(top, op=dist.ReduceOp.MAX, group=pg)
+    assert torch.equal(total, n * x) and torch.equal(top, x)
+    with pytest.raises(ValueError, match="PRODUCT is not modelled"):
+        dist.all_reduce(x.clone(), op=dist.ReduceOp.PRODUCT, group=pg)
+    dist.broadcast(top, group=pg, group_src=0)
+    dist.barrier(group=pg)
+    assert torch.equal(top, x)
+
+
 @pytest.mark.parametrize("bad", [(0, 1), (2, 2), (2, -1), (True, 0), (2.0, 0)])
 def test_mirror_refuses_a_bad_size_or_rank(bad):
     with pytest.raises(ValueError, match="MirrorGroup"):

@@ -39,6 +39,12 @@ class Scenario:
     return_lse: bool = True
     masked: bool = False
     seed: int = 0
+    ranks: tuple = ()  # the group's global ranks (sorted); () is ranks 0..n-1
+
+    @property
+    def members(self) -> tuple:
+        """Global ranks of the group; group rank r is members[r] (torch orders them so)."""
+        return self.ranks or tuple(range(self.n))
 
 
 SCENARIOS = [
@@ -46,6 +52,10 @@ SCENARIOS = [
     Scenario("n3_bfloat16_base_2", 3, torch.bfloat16, base_e=False, seed=2),
     Scenario("n3_float32_out_only", 3, torch.float32, return_lse=False, d=20, seed=3),
     Scenario("n2_bfloat16_base_e", 2, torch.bfloat16, h=4, d=40, seed=4),
+    # an engine's DCP group is rarely ranks 0..n-1 of the world (DCP inside TP: every other
+    # rank): here group rank 0 is global rank 1, so rank_in_group and the global rank differ
+    Scenario("n2_of_ranks_1_2_float16_base_2", 2, torch.float16, h=4, d=24, base_e=False,
+             seed=8, ranks=(1, 2)),
     Scenario("n3_empty_shards_and_padding", 3, torch.float16, b=5, masked=True, seed=5),
     Scenario("n3_batch_of_zero", 3, torch.float16, b=0, seed=6),
     Scenario("n3_heads_not_divisible", 3, torch.float16, h=4, seed=7),
@@ -104,24 +114,25 @@ def _rank_main(rank: int, init_file: str, out_dir: str, spec: str, device_type: 
 
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
                             world_size=WORLD, timeout=timedelta(seconds=PG_TIMEOUT_S))
-    groups = {WORLD: dist.group.WORLD}
-    for n in sorted({s.n for s in SCENARIOS} - {WORLD}):
-        groups[n] = dist.new_group(list(range(n)))  # collective: every rank creates every group
+    groups = {tuple(range(WORLD)): dist.group.WORLD}
+    for members in sorted({s.members for s in SCENARIOS} - set(groups)):
+        groups[members] = dist.new_group(list(members))  # collective: every rank creates each
     results = {}
     try:
         impl = load_impl(spec)
         for sc in SCENARIOS:
-            if rank >= sc.n:
+            if rank not in sc.members:
                 continue
+            me = sc.members.index(rank)  # this process's rank in the DCP group
             outs, lses, seq_lens, qsl, _ = scenario_inputs(sc)
-            out, lse = outs[rank].to(device), lses[rank].to(device)
+            out, lse = outs[me].to(device), lses[me].to(device)
             out_bits = out.view(torch.int16 if out.element_size() == 2 else torch.int32).clone()
             lse_before = lse.clone()
-            mask = {} if seq_lens is None else dict(seq_lens=seq_lens[rank].to(device),
+            mask = {} if seq_lens is None else dict(seq_lens=seq_lens[me].to(device),
                                                     query_start_loc=qsl.to(device))
             t0 = time.time()
             try:
-                res = impl.lse_reduce(out, lse, DcpGroup(sc.n, rank, groups[sc.n]),
+                res = impl.lse_reduce(out, lse, DcpGroup(sc.n, me, groups[sc.members]),
                                       return_lse=sc.return_lse, is_lse_base_on_e=sc.base_e,
                                       **mask)
                 rec = {"ok": True, "result": _to_cpu(res)}

@@ -27,7 +27,17 @@ def _report(failures):
 
 def _run(scenario, impl, n, device):
     group, rank = graphs.mirror_group(n)
-    return graphs.run(scenario, impl, group, rank, n, device, mirror=n > 1)
+    try:
+        return graphs.run(scenario, impl, group, rank, n, device, mirror=n > 1)
+    except Exception as e:
+        if n > 1 and not torch.distributed.is_initialized():
+            e.add_note(
+                f"(N={n} here is one simulated rank of a MirrorGroup, with no default process "
+                "group: the contract gives the group's size and this rank as group.world_size "
+                "and group.rank_in_group, and its collectives take group.device_group; lookups "
+                "in torch.distributed's world state, such as get_rank(group), get_backend(group) "
+                "or get_process_group_ranks(group), fail here)")
+        raise
 
 
 @pytest.mark.gpu

@@ -41,10 +41,12 @@ def group_results(impl, tmp_path_factory):
 
 
 def _rank_record(group_results, sc, r):
+    """What the process of group rank ``r`` (global rank ``sc.members[r]``) recorded."""
     ranks = group_results["ranks"]
-    rec = None if ranks[r] is None else ranks[r].get(sc.name)
+    g = sc.members[r]
+    rec = None if ranks[g] is None else ranks[g].get(sc.name)
     if rec is None:
-        pytest.fail(f"rank {r} has no result for {sc.name}; "
+        pytest.fail(f"rank {r} (global rank {g}) has no result for {sc.name}; "
                     + "; ".join(group_results["problems"] or ["no reason recorded"]))
     return rec
 
