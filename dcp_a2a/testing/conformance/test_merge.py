@@ -14,6 +14,8 @@ import pytest
 import torch
 
 from dcp_a2a.testing.data import DTYPES, partials
+from dcp_a2a.testing.conformance._refusals import (NOT_DIVISIBLE_WORDS, TripwireGroup,
+                                                   dtype_words, refused)
 from dcp_a2a.testing.conformance._spec import build_recv, pack_dim, raw_bits
 from dcp_a2a.testing.data import heads_of
 
@@ -157,27 +159,27 @@ def _float8_dtypes():
 @pytest.mark.parametrize("dtype", _float8_dtypes() + [torch.float64], ids=str)
 def test_unsupported_output_dtypes_rejected_everywhere(impl, device, dtype):
     """No wire format exists for float8 (cannot carry the float32 LSE bits) or float64: every
-    entry point says so with a ValueError naming the dtype, instead of a silent layout."""
-    name = str(dtype).replace("torch.", "")
-    with pytest.raises(ValueError, match=name):
+    entry point says so with a ValueError (or TypeError) naming the dtype, instead of a silent
+    layout."""
+    with refused(dtype_words(dtype), dtype_problem=True):
         impl.lse_pack_dim(dtype)
     outs, lses = partials(1, 2, 2, 8, torch.float32, seed=1, device=device)
-    with pytest.raises(ValueError, match=name):
+    with refused(dtype_words(dtype), dtype_problem=True):
         impl.lse_reduce(outs[0].to(dtype), lses[0], _OneRank())
 
 
 @pytest.mark.clause("bad input")  # overrides the module's clause
 @pytest.mark.parametrize("h,n", [(6, 4), (5, 2)])
 def test_heads_not_divisible_is_a_value_error(impl, device, h, n):
-    """H % N != 0 is refused before any collective (group with no process group: a hang or an
-    attribute error would mean the check came too late), never silently truncated."""
+    """H % N != 0 is refused before any collective (a process group whose collectives fail
+    the test), never silently truncated."""
 
     class Group:
-        world_size, rank_in_group, device_group = n, 0, None
+        world_size, rank_in_group, device_group = n, 0, TripwireGroup(n)
 
     outs, lses = partials(1, 2, h, 8, torch.float16, seed=2, device=device)
-    with pytest.raises(ValueError, match="divisible"):
+    with refused(NOT_DIVISIBLE_WORDS):
         impl.lse_reduce(outs[0], lses[0], Group())
     send = torch.empty((n, 2, h // n, 10), dtype=torch.float16, device=device)
-    with pytest.raises(ValueError, match="divisible"):
+    with refused(NOT_DIVISIBLE_WORDS):
         impl.pack_send(outs[0], lses[0], send, n, h // n, 8, pack_dim(torch.float16))
