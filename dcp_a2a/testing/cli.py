@@ -412,6 +412,7 @@ def validate(args) -> int:
         "machine": machine,
         "tiers": [val.as_plain(t) for t in tiers],
         "totals": tot,
+        "slowest_tests": val.slowest(records),
         "worst_ratio": worst,
         "headroom": val.headroom(worst),
         "requested_not_run": requested_not_run,

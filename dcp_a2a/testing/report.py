@@ -393,6 +393,16 @@ def write_markdown(report: dict, path: Path) -> None:
             L += ["", f"## {title}", "", "| tests | reason |", "|--:|---|"]
             for r, c in sorted(reasons.items(), key=lambda kv: -kv[1]):
                 L.append(f"| {c} | {r.replace('|', '/')} |")
+    top = report.get("slowest_tests") or []
+    if top:
+        share = sum(t["duration_s"] for t in top) / max(report["totals"].get("test_time_s") or 0,
+                                                        1e-9)
+        L += ["", f"## Slowest {len(top)} tests", "",
+              f"{share:.0%} of the summed test time (setup + call + teardown; on a GPU the "
+              "first test to launch a kernel specialisation also pays its compile).", "",
+              "| s | outcome | tiers | test |", "|--:|---|---|---|"]
+        L += [f"| {t['duration_s']:.2f} | {t['outcome']} | {', '.join(t['tiers'])} | "
+              f"`{t['nodeid']}` |" for t in top]
     L += ["", "## pytest sessions", ""]
     for r in report.get("runs", []):
         L.append(f"- `{r['name']}`: tiers {', '.join(r['tiers'])}; exit {r['exit_status']}; "

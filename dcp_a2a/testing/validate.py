@@ -710,6 +710,17 @@ def totals(records: list[dict]) -> dict:
     return t
 
 
+SLOWEST = 30
+
+
+def slowest(records: list[dict], k: int = SLOWEST) -> list[dict]:
+    """The ``k`` tests that took longest (setup + call + teardown; on a GPU the first test to
+    launch a kernel specialisation also pays its compile): where a tier's time goes."""
+    top = sorted(records, key=lambda r: -float(r.get("duration") or 0.0))[:k]
+    return [{"nodeid": r["nodeid"], "duration_s": round(float(r.get("duration") or 0.0), 3),
+             "outcome": r["outcome"], "tiers": list(r.get("tiers") or ())} for r in top]
+
+
 def now_iso() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 

@@ -120,6 +120,11 @@ def _markdown_and_machine_info(failing_run):
     for key in ("torch", "triton", "TRITON_INTERPRET", "device", "cuda_device_count"):
         assert key in m
     assert rep["options"]["impl"] == "dcp_a2a"
+    top = rep["slowest_tests"]  # where the time goes, for the GPU step table
+    assert len(top) == min(30, rep["totals"]["cases"]) and top[0]["nodeid"].endswith(
+        "test_both_tiers") and top[0]["duration_s"] >= 0.3
+    assert [t["duration_s"] for t in top] == sorted((t["duration_s"] for t in top), reverse=True)
+    assert "## Slowest" in md and "`" + top[0]["nodeid"] + "`" in md
 
 
 @pytest.mark.slow
