@@ -284,8 +284,8 @@ def validate(args) -> int:
     from .impl import load_impl, resolve_spec
 
     try:
-        impl = resolve_spec(args.impl)
-        impl_obj = load_impl(impl)
+        impl_obj = load_impl(resolve_spec(args.impl))
+        impl = impl_obj.spec  # module form: the pytest sessions run elsewhere
     except ValueError as e:
         print(f"dcp-a2a validate: {e}", file=sys.stderr)
         return EXIT_USAGE

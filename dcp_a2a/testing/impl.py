@@ -1,12 +1,15 @@
 """Load an implementation of the dcp_a2a contract by spec, for the conformance suite.
 
-SPEC is ``package.module``, ``package.module:attr``, or the name of a shipped adapter
-(``vllm``: :mod:`dcp_a2a.testing.adapters.vllm`); the object must provide
+SPEC is ``package.module``, ``package.module:attr``, a file ``path/to/adapter.py[:attr]``, or the
+name of a shipped adapter (``vllm``: :mod:`dcp_a2a.testing.adapters.vllm`); the object must provide
 ``lse_pack_dim``, ``pack_send``, ``unpack_combine`` and ``lse_reduce`` with the contract's
 signatures (see the README).
 
 Rules (docs/conformance.md, "What --impl accepts"):
 
+* a module is found as ``python -m`` finds it (the working directory first), and a file spec is
+  loaded from its directory; either directory also goes on ``$PYTHONPATH``, so the processes the
+  suite starts (xdist workers, ranks, torchrun) import the same module;
 * no spec at all (no ``--impl``, ``$DCP_A2A_IMPL`` unset): the project's own ``dcp_a2a``;
 * an empty spec (``--impl ""``, ``DCP_A2A_IMPL=""``: typically an unset CI variable) is refused,
   never read as "the default": a CI job meant to test an engine must not go green on dcp_a2a;
@@ -20,9 +23,11 @@ Rules (docs/conformance.md, "What --impl accepts"):
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 CONTRACT = ("lse_pack_dim", "pack_send", "unpack_combine", "lse_reduce")
@@ -109,19 +114,57 @@ class Implementation:
         raise AttributeError(name)
 
 
+def _put_on_path(directory: str) -> None:
+    """``directory`` first on this process's sys.path and on ``$PYTHONPATH``, which every
+    process started from here inherits."""
+    d = os.path.abspath(directory)
+    if d not in sys.path:
+        sys.path.insert(0, d)
+    parts = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if d not in parts:
+        os.environ["PYTHONPATH"] = os.pathsep.join([d] + parts)
+
+
+def importable(spec: str) -> str:
+    """``spec`` in module form, its module importable here and in the processes started from
+    here: ``path/to/adapter.py[:attr]`` becomes ``adapter[:attr]`` with its directory on the
+    path; a module that only the working directory holds (``--impl my_adapter`` run next to
+    my_adapter.py) gets the working directory on the path, as ``python -m`` would."""
+    target, sep, attr = spec.partition(":")
+    if target.endswith(".py"):
+        path = Path(target).expanduser()
+        if not path.is_file():
+            raise ValueError(f"implementation file {target!r} does not exist")
+        _put_on_path(str(path.resolve().parent))
+        return path.stem + sep + attr
+    top = target.split(".")[0]
+    here = Path.cwd()
+    if top.isidentifier() and ((here / f"{top}.py").is_file()
+                               or (here / top / "__init__.py").is_file()):
+        found = importlib.util.find_spec(top)  # None, or where this process would import it
+        if found is None or (found.origin and Path(found.origin).resolve().is_relative_to(
+                here.resolve())):
+            _put_on_path(str(here))  # also when on sys.path here (python -m): not in children
+    return spec
+
+
 def load_impl(spec: str | None = None) -> Implementation:
     """Import the implementation ``spec`` (None: :func:`resolve_spec`'s default). ValueError,
     naming the problem, when it cannot be used at all."""
     spec = resolve_spec(spec) if spec is None else spec
     if not spec.strip():
         raise ValueError("the implementation spec is empty: name it as package.module[:attr]")
+    if spec not in ALIASES:
+        spec = importable(spec)
     mod_name, _, attr = ALIASES.get(spec, spec).partition(":")
     try:
         obj = importlib.import_module(mod_name)
     except ImportError as e:
         if spec in ALIASES:  # the adapter says what is missing
             raise ValueError(str(e)) from e
-        raise ValueError(f"cannot import implementation module {mod_name!r}: {e}") from e
+        raise ValueError(f"cannot import implementation module {mod_name!r}: {e} (a module of "
+                         "your own: run from its directory, put that on PYTHONPATH, or pass "
+                         "the file, --impl path/to/adapter.py)") from e
     for part in filter(None, attr.split(".")):
         try:
             obj = getattr(obj, part)

@@ -90,8 +90,7 @@ def pytest_configure(config):
         r"ignore:invalid value encountered in multiply:RuntimeWarning:triton\.runtime\.interpreter")
     if not hasattr(config, "workerinput"):  # once, in the controller: a usage error, not N errors
         try:
-            spec = resolve_spec(config.getoption("--impl"))
-            load_impl(spec)
+            spec = load_impl(resolve_spec(config.getoption("--impl"))).spec  # module form
         except ValueError as e:
             raise pytest.UsageError(f"dcp_a2a: {e}") from None
     else:

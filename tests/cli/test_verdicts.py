@@ -73,12 +73,14 @@ from dcp_a2a.reference.contract import lse_pack_dim, pack_send, unpack_combine
 def test_a_partial_foreign_implementation_skips_what_it_lacks_and_reports_only_itself(tmp_path):
     """Tests that need lse_reduce skip with the reason (none fails with AttributeError); the
     project's own kernel tests are left out, so every count and error in the summary and in
-    validation.md measures the implementation under test, which its first line names."""
+    validation.md measures the implementation under test, which its first line names. The
+    module lies next to the user (``--impl partial_impl`` run from its directory, as ``python -m``
+    finds modules), not on PYTHONPATH: validate's pytest session runs elsewhere and imports it
+    all the same."""
     (tmp_path / "partial_impl.py").write_text(textwrap.dedent(PARTIAL))
     out = tmp_path / "report"
     proc = _run(["validate", "--impl", "partial_impl", "--quick", "--no-plots", "--no-progress",
-                 "-j", "0", "--out", str(out)],
-                env={"PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])})
+                 "-j", "0", "--out", str(out)], env={"PYTHONPATH": str(ROOT)}, cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     lines = proc.stdout.splitlines()
     assert lines[0] == f"implementation under test: partial_impl ({tmp_path / 'partial_impl.py'})"
@@ -191,3 +193,32 @@ def test_validate_offers_the_gsm8k_drivers_backends():
     from dcp_a2a.testing import cli
 
     assert cli.eval_backends() == tuple(gsm8k.BACKENDS)
+
+
+ADAPTER = "from dcp_a2a.reference.contract import lse_pack_dim, pack_send, unpack_combine, " \
+          "lse_reduce\n"
+
+
+def test_a_file_spec_is_loaded_from_its_directory(tmp_path, monkeypatch):
+    """``--impl path/to/adapter.py[:attr]``: module form for the processes started later (their
+    working directory differs), the directory on sys.path and on PYTHONPATH, which they
+    inherit; a file that does not exist is a usage error naming it."""
+    from dcp_a2a.testing import impl as impl_mod
+
+    src = tmp_path / "somewhere"
+    src.mkdir()
+    (src / "file_adapter.py").write_text(ADAPTER + "class Obj:\n    lse_pack_dim = "
+                                         "staticmethod(lse_pack_dim)\n")
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.setenv("PYTHONPATH", "")
+    monkeypatch.chdir(tmp_path)
+    got = impl_mod.load_impl("somewhere/file_adapter.py:Obj")
+    assert got.spec == "file_adapter:Obj" and got.missing() == ["pack_send", "unpack_combine",
+                                                                "lse_reduce"]
+    assert got.file == str(src / "file_adapter.py")
+    child = subprocess.run([sys.executable, "-c", "import importlib.util, sys; sys.exit("
+                            "importlib.util.find_spec('file_adapter') is None)"], cwd="/",
+                           env=dict(os.environ), capture_output=True, text=True)
+    assert child.returncode == 0, child.stderr
+    with pytest.raises(ValueError, match="implementation file 'nowhere/x.py' does not exist"):
+        impl_mod.load_impl("nowhere/x.py")
