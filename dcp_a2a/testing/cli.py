@@ -258,6 +258,8 @@ def run_problem(result) -> str | None:
     """Why a pytest session's outcome cannot be trusted as-is, or None."""
     failed = any(r["outcome"] in ("failed", "error") for r in result.records)
     code = result.exit_status
+    if not result.session and code not in (0, 5):
+        return f"the pytest process died (exit status {code}) before the session ended"
     if code == 0 and not failed:
         return None if result.session else "ended without a session record"
     if code == 1 and failed:
@@ -353,7 +355,7 @@ def validate(args) -> int:
         for d in res.collection.get("dropped", []):
             if d["nodeid"] not in selected_ids:
                 dropped.setdefault(d["nodeid"], d)
-    dropped = list(dropped.values())
+    dropped = list(dropped.values()) + [u for res in results for u in res.unfinished]
     tiers = val.summarise_tiers(plans, records, dropped, subject=impl)
     dtypes = val.summarise_dtypes(records, subject=impl)
     tot = val.totals(records)

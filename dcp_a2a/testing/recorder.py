@@ -23,8 +23,11 @@ the selected node ids with their tiers and every dropped test with the reason.
 ``PREFIX.results.jsonl`` (written by the controller as tests finish, one JSON object a line) holds
 per test: outcome (passed / failed / error / skipped / xfailed / xpassed), tiers, markers,
 duration, skip reason or a short failure text, and every ``merge_report`` user property (the
-``merge_check`` fixture's :meth:`dcp_a2a.testing.compare.MergeReport.as_dict`). The last line is a
-``{"event": "session"}`` record with pytest's exit status.
+``merge_check`` fixture's :meth:`dcp_a2a.testing.compare.MergeReport.as_dict`). A
+``{"event": "start", "nodeid": ...}`` line precedes each test's record, so a reader can name the
+test that was running when the process died (a segfault, ``os._exit``, an illegal CUDA access in
+the code under test: no report, no session record). The last line is a ``{"event": "session"}``
+record with pytest's exit status.
 """
 
 from __future__ import annotations
@@ -182,6 +185,10 @@ class _Recorder:
                         "outcome": "error", "phase": "collect", "tiers": [], "markers": [],
                         "duration": 0.0, "text": _text(report)[-_MAX_TEXT:],
                         "message": _crash_message(report), "merge_reports": []})
+
+    @pytest.hookimpl
+    def pytest_runtest_logstart(self, nodeid, location):
+        self._emit({"event": "start", "nodeid": nodeid})
 
     @pytest.hookimpl
     def pytest_runtest_logreport(self, report):

@@ -56,6 +56,9 @@ def summary_table(report: dict) -> str:
         extra = []
         if t["not_run"]:
             extra.append(f"{_n(t['not_run'], 'test')} not run: also in a tier not run here")
+        if t.get("unfinished"):
+            extra.append(f"{_n(t['unfinished'], 'test')} not run: the pytest session died "
+                         "before them")
         if t.get("other_code"):
             extra.append(f"{_n(t['other_code'], 'test')} of dcp_a2a's own code left out "
                          "(not the implementation under test)")
@@ -305,7 +308,8 @@ def write_markdown(report: dict, path: Path) -> None:
                if wc else "")
         status = t["status"] + (f": {t['reason']}" if t.get("reason") else "")
         L.append(f"| {t['name']} | {status} | {t['cases']} | {t['passed'] + t['xpassed']} | "
-                 f"{t['failed']} | {t['skipped']} | {t['xfailed']} | {t['not_run']} | "
+                 f"{t['failed']} | {t['skipped']} | {t['xfailed']} | "
+                 f"{t['not_run'] + t.get('unfinished', 0)} | "
                  f"{t['left_out']} | {t.get('other_code', 0)} | {fmt_ratio(t['worst_ratio'])} | "
                  f"{fmt_headroom(t['headroom'])} | {fmt_time(t['time_s'])} | {wcs} |")
     tot = report["totals"]

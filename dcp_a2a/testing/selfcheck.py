@@ -35,7 +35,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .validate import xdist_args
+from .validate import died_records, xdist_args
 
 CORRECT = ("dcp_a2a", "dcp_a2a.reference.contract")
 MUTANTS_PACKAGE = "dcp_a2a.testing.mutants"
@@ -166,17 +166,26 @@ def _short(text: str, limit: int = 300) -> str:
     return pick[:limit]
 
 
-def _read_results(path: Path, run: Run) -> None:
+def _read_results(path: Path, run: Run, returncode=None, timed_out: bool = False) -> None:
+    """Fold a session's records into ``run``. A process that died in a test (no session record;
+    not the self-check's own timeout) failed that test: an implementation that crashes the
+    process is caught by it."""
     if not path.is_file():
         run.notes.append("pytest wrote no result records")
         return
+    events = []
     for line in path.read_text().splitlines():
         try:
-            rec = json.loads(line)
+            events.append(json.loads(line))
         except json.JSONDecodeError:
             continue
+    if not timed_out:
+        events += died_records(events, returncode, run.log, {})
+    for rec in events:
         if rec.get("event") == "session":
             run.exitstatus = rec.get("exitstatus")
+            continue
+        if rec.get("event") == "start":
             continue
         outcome, phase = rec.get("outcome"), rec.get("phase")
         if outcome in ("passed", "xpassed", "xfailed"):
@@ -246,7 +255,7 @@ def run_one(spec: str, kind: str, *, root: Path, jobs: int, timeout: float, work
         run.notes.append(f"timed out after {timeout:.0f} s")
     run.seconds = time.time() - t0
     run.log = str(log)
-    _read_results(Path(str(prefix) + ".results.jsonl"), run)
+    _read_results(Path(str(prefix) + ".results.jsonl"), run, returncode, timed_out)
     if run.exitstatus is None:
         run.exitstatus = returncode
     timed_out = any(n.startswith("timed out") for n in run.notes)

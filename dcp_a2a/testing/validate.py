@@ -259,6 +259,30 @@ class RunResult:
     records: list[dict] = field(default_factory=list)
     collection: dict = field(default_factory=dict)
     session: dict = field(default_factory=dict)
+    unfinished: list[dict] = field(default_factory=list)  # selected, never started (it died)
+
+
+DIED = "the pytest process died while this test ran"
+
+
+def died_records(events: list[dict], exit_status, log: str, tiers_of: dict) -> list[dict]:
+    """When a session wrote no session record (its process died: a segfault, os._exit, an
+    illegal CUDA access in the code under test), a failure record for each test that started
+    and never reported, from the recorder's ``start`` events; [] for a session that ended."""
+    if any(e.get("event") == "session" for e in events):
+        return []
+    reported = {e["nodeid"] for e in events if e.get("event") == "test"}
+    out = []
+    for e in events:
+        if e.get("event") == "start" and e["nodeid"] not in reported:
+            reported.add(e["nodeid"])
+            out.append({"event": "test", "nodeid": e["nodeid"], "outcome": "error",
+                        "phase": "crash", "tiers": list(tiers_of.get(e["nodeid"], [])),
+                        "markers": [], "duration": 0.0, "merge_reports": [],
+                        "message": f"{DIED} (exit status {exit_status})",
+                        "text": f"{DIED} (exit status {exit_status}): no report, no session "
+                                f"record; the session's log has its last output: {log}"})
+    return out
 
 
 def pytest_command(spec: RunSpec, prefix: Path, *, impl: str | None, quick: bool,
@@ -336,6 +360,7 @@ def run_pytest(spec: RunSpec, out_dir: Path, *, impl: str | None, quick: bool,
     results_path = Path(str(prefix) + ".results.jsonl")
     coll_path = Path(str(prefix) + ".collection.json")
     records: list[dict] = []
+    events: list[dict] = []
     session: dict = {}
     collection: dict = {}
     offset = 0
@@ -353,9 +378,12 @@ def run_pytest(spec: RunSpec, out_dir: Path, *, impl: str | None, quick: bool,
                     if progress:
                         progress.collected(spec, collection)
                 new, offset = _read_jsonl(results_path, offset)
+                events += new
                 for rec in new:
                     if rec.get("event") == "session":
                         session = rec
+                    elif rec.get("event") == "start":
+                        continue
                     else:
                         records.append(rec)
                         if progress:
@@ -368,8 +396,18 @@ def run_pytest(spec: RunSpec, out_dir: Path, *, impl: str | None, quick: bool,
             raise
     if not collection and coll_path.is_file():
         collection = json.loads(coll_path.read_text())
+    selected = {s["nodeid"]: s for s in collection.get("selected", [])}
+    died = died_records(events, proc.returncode, str(log_path),
+                        {k: v.get("tiers", []) for k, v in selected.items()})
+    records += died
+    unfinished = []
+    if died or not session:
+        began = {e["nodeid"] for e in events if e.get("nodeid")}
+        unfinished = [{"nodeid": k, "tiers": v.get("tiers", []), "markers": v.get("markers", []),
+                       "reason": "not run: the pytest session died before it"}
+                      for k, v in selected.items() if k not in began]
     return RunResult(spec, cmd, proc.returncode, time.monotonic() - t0, str(log_path),
-                     records, collection, session)
+                     records, collection, session, unfinished)
 
 
 def _terminate(proc: subprocess.Popen) -> None:
@@ -544,6 +582,7 @@ class TierSummary:
     not_run: int = 0      # collected, but the tier (or another gated tier of the test) can't run
     left_out: int = 0     # dropped by --quick
     other_code: int = 0   # tests of dcp_a2a's own code, left out under a foreign --impl
+    unfinished: int = 0   # selected, but the pytest session died before them
     time_s: float = 0.0   # sum of the tier's test durations (setup + call + teardown)
     merge_checks: int = 0
     worst_ratio: float | None = None
@@ -585,6 +624,8 @@ def summarise_tiers(plans: list[TierPlan], records: list[dict],
                     s.left_out += 1
                 elif d["reason"] == OTHER_CODE:
                     s.other_code += 1
+                elif d["reason"].endswith("died before it"):
+                    s.unfinished += 1
                 else:
                     s.not_run += 1
         for r in records:
@@ -626,8 +667,10 @@ def summarise_tiers(plans: list[TierPlan], records: list[dict],
         s.headroom = headroom(s.worst_ratio)
         if p.run:
             s.reason = None
-            if s.failed:
+            if s.failed or s.unfinished:  # a tier the session died in never reads as a pass
                 s.status = "failed"
+                if s.unfinished:
+                    s.reason = (f"the pytest session died before {s.unfinished} of its tests")
             elif s.cases == 0:
                 s.status = "no tests"
                 s.reason = ("no test in this tier" + (" after --quick" if s.left_out else ""))

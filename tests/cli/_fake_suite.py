@@ -124,7 +124,28 @@ def test_in_no_tier():
 '''
 
 
-def write_suite(root: Path, *, failing: bool) -> Path:
+DYING = '''\
+import os
+
+import pytest
+
+pytestmark = pytest.mark.kernel
+
+
+def test_before_the_death():
+    pass
+
+
+def test_that_kills_the_process():
+    os._exit(7)  # what a segfault or an illegal CUDA access does to pytest: no report at all
+
+
+def test_after_the_death():
+    pass
+'''
+
+
+def write_suite(root: Path, *, failing: bool, dying: bool = False) -> Path:
     t = root / "tests"
     for sub in ("unit", "kernel", "numerics", "multigpu", "misc"):
         (t / sub).mkdir(parents=True, exist_ok=True)
@@ -134,6 +155,8 @@ def write_suite(root: Path, *, failing: bool) -> Path:
     (t / "kernel" / "test_k.py").write_text(KERNEL_PASS)
     if failing:
         (t / "kernel" / "test_kfail.py").write_text(KERNEL_FAIL)
+    if dying:
+        (t / "kernel" / "test_kdies.py").write_text(DYING)
     (t / "numerics" / "test_n.py").write_text(NUMERICS)
     (t / "multigpu" / "test_mg.py").write_text(MULTIGPU)
     (t / "misc" / "test_stray.py").write_text(STRAY)

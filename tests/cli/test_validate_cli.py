@@ -172,3 +172,25 @@ def test_validate_runs_this_repository_suite(tmp_path):
     assert code == cli.EXIT_OK, rep["runs"]
     assert unit["status"] == "passed" and unit["passed"] >= 3
     assert all(r["problem"] is None for r in rep["runs"])
+
+
+def test_a_session_that_dies_names_the_test_and_never_reads_as_a_pass(tmp_path):
+    """The code under test kills the pytest process (os._exit here; a segfault or an illegal
+    CUDA access in practice): no report, no session record. The test that was running is a
+    failure named by id, the tests after it are counted as never run, the tier fails."""
+    suite = write_suite(tmp_path / "suite", failing=False, dying=True)
+    out = tmp_path / "report"
+    code = cli.main(["validate", "--suite", str(suite), "--out", str(out), "-j", "0",
+                     "--no-progress", "--tiers", "kernel"])
+    rep = json.loads((out / "validation.json").read_text())
+    assert code == 1 and not rep["ok"]
+    (died,) = [f for f in rep["failures"]]
+    assert died["nodeid"].endswith("test_kdies.py::test_that_kills_the_process")
+    assert died["phase"] == "crash" and "died while this test ran (exit status 7)" in died["message"]
+    kernel = next(t for t in rep["tiers"] if t["name"] == "kernel")
+    assert kernel["status"] == "failed" and kernel["unfinished"] >= 1
+    assert "died before" in kernel["reason"]
+    (run,) = rep["runs"]
+    assert run["problem"] == "the pytest process died (exit status 7) before the session ended"
+    md = (out / "validation.md").read_text()
+    assert "test_that_kills_the_process" in md and "died before" in md

@@ -89,3 +89,24 @@ def test_every_mutant_killed_and_correct_implementations_pass(tmp_path):
                                                        and needs_gpus(r["spec"]) > gpus))]
     assert not survivors, "not killed: " + ", ".join(survivors) + "\n" + proc.stdout[-4000:]
     assert proc.returncode == 0 and report["ok"]
+
+
+def test_a_mutant_that_kills_the_process_is_killed_not_unjudged(tmp_path):
+    """The records of a session that died in a test (a start event, no result, no session
+    record) count that test as the mutant's first failure; the self-check's own timeout does
+    not (a hang is not judged a kill)."""
+    from dcp_a2a.testing.selfcheck import Run, _read_results
+
+    path = tmp_path / "m.results.jsonl"
+    node = "dcp_a2a/testing/conformance/test_args.py::test_x"
+    path.write_text("".join(json.dumps(e) + "\n" for e in (
+        {"event": "start", "nodeid": "a::ok"},
+        {"event": "test", "nodeid": "a::ok", "outcome": "passed", "phase": "call"},
+        {"event": "start", "nodeid": node})))
+    died = Run("m", "mutant", log="m.log")
+    _read_results(path, died, returncode=-11)
+    assert (died.passed, died.failed, died.first_failure) == (1, 1, node)
+    assert "died while this test ran (exit status -11)" in died.failure_text_full
+    hung = Run("m", "mutant", log="m.log")
+    _read_results(path, hung, returncode=None, timed_out=True)
+    assert (hung.passed, hung.failed) == (1, 0)
