@@ -16,7 +16,8 @@ Four steps, one exit status, one summary:
 Everything lands in ``DIR`` (default ./gpu-check): validation.{json,md}, selfcheck.json,
 accuracy.json, bench.json, the logs, and gpu-check.md with the summary printed at the end.
 ``--skip STEP`` leaves steps out (the summary then says which; it never reads as a full pass).
-Exit status: 0 every step run passed, 1 a step failed, 3 no CUDA GPU here.
+Exit status: 0 every step run passed, 1 a step failed, 2 TRITON_INTERPRET is set (the
+interpreter is not what gpu-check judges), 3 no CUDA GPU here.
 """
 
 from __future__ import annotations
@@ -193,6 +194,11 @@ def main(args) -> int:
         print("dcp-a2a gpu-check: no CUDA GPU visible; it checks compiled kernels and NCCL "
               "(on a CPU machine run `dcp-a2a validate`)", file=sys.stderr)
         return 3
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        print(f"dcp-a2a gpu-check: TRITON_INTERPRET={os.environ['TRITON_INTERPRET']} would run "
+              "Triton's interpreter; gpu-check judges the compiled kernels (unset "
+              "TRITON_INTERPRET)", file=sys.stderr)
+        return 2
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     env = _env()

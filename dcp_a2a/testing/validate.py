@@ -200,6 +200,13 @@ def tier_availability(machine: dict, evals: bool) -> dict[str, str | None]:
                       else "no CUDA GPU visible (torch.cuda.device_count() == 0)")
     if n < 2:
         why["multigpu"] = f"needs >= 2 CUDA GPUs, found {n}"
+    if n and machine.get("triton_mode") == "interpreter":
+        # the GPU tiers judge compiled kernels (rounding, contraction, timing): the
+        # interpreter would pass them without compiling anything
+        for t in ("gpu", "multigpu"):
+            why[t] = why[t] or (f"TRITON_INTERPRET={machine.get('TRITON_INTERPRET')} runs Triton's "
+                                "interpreter, not the compiled kernels this tier checks "
+                                "(unset TRITON_INTERPRET)")
     if not evals:
         why["e2e"] = "not requested (pass --evals)"
     return why

@@ -38,6 +38,27 @@ def test_gpu_machines(n_gpu, gpu, multigpu):
     assert (p["gpu"][0], p["multigpu"][0], p["e2e"][0]) == (gpu, multigpu, True)
 
 
+def test_gpu_tiers_never_pass_on_the_interpreter():
+    """TRITON_INTERPRET=1 left set on a GPU node: the tiers that judge compiled kernels do not
+    run (and gpu-check refuses), rather than pass on interpreted ones."""
+    m = machine(4, cuda="12.8") | {"triton_mode": "interpreter", "TRITON_INTERPRET": "1"}
+    p = runs(val.plan_tiers(m, None, evals=False))
+    for tier in ("gpu", "multigpu"):
+        assert p[tier][0] is False and p[tier][1].startswith("TRITON_INTERPRET=1 runs Triton's")
+    assert p["kernel"][0]
+
+
+def test_gpu_check_refuses_the_interpreter(monkeypatch, capsys):
+    from types import SimpleNamespace
+
+    from dcp_a2a.testing import gpucheck, rankpool
+
+    monkeypatch.setattr(rankpool, "gpu_count", lambda: 1)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert gpucheck.main(SimpleNamespace(out=None, skip=None, workers=None)) == 2
+    assert "judges the compiled kernels" in capsys.readouterr().err
+
+
 def test_multigpu_gets_its_own_serial_session():
     plans = val.plan_tiers(machine(4, cuda="12.8"), None, evals=False)
     rs = val.plan_runs(plans, "auto")
