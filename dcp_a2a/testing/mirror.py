@@ -69,9 +69,13 @@ class MirrorGroup(dist.ProcessGroup):
     # the collectives, under the names torch >= 2.13 calls and the older ones
     def all_to_all_single(self, output, input, output_split_sizes=None, input_split_sizes=None,
                           opts=None):
-        if output_split_sizes or input_split_sizes:
-            raise ValueError("MirrorGroup.all_to_all_single: only even splits")
         n = self._n
+        for name, split, t in (("output", output_split_sizes, output),
+                               ("input", input_split_sizes, input)):
+            # explicit splits are fine when they are the even ones (N equal slices of dim 0)
+            if split and (len(split) != n or len(set(split)) != 1 or sum(split) != t.shape[0]):
+                raise ValueError(f"MirrorGroup.all_to_all_single: {name}_split_sizes {split} "
+                                 f"are not {n} equal slices of dim 0 ({t.shape[0]})")
         output.view(n, -1).copy_(input.reshape(n, -1)[self._r].expand(n, -1))
         return _Done(output)
 

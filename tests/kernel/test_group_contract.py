@@ -62,6 +62,11 @@ def test_mirror_list_collectives_and_all_reduce():
     dist.all_reduce(total, group=pg)
     dist.all_reduce(top, op=dist.ReduceOp.MAX, group=pg)
     assert torch.equal(total, n * x) and torch.equal(top, x)
+    even = torch.full((n, 2), math.nan)
+    dist.all_to_all_single(even, x, [1] * n, [1] * n, group=pg)  # explicit even splits
+    assert torch.equal(even, x[r].expand(n, 2))
+    with pytest.raises(ValueError, match="not 3 equal slices"):
+        dist.all_to_all_single(even, x, [2, 1, 0], [1] * n, group=pg)
     with pytest.raises(ValueError, match="PRODUCT is not modelled"):
         dist.all_reduce(x.clone(), op=dist.ReduceOp.PRODUCT, group=pg)
     dist.broadcast(top, group=pg, group_src=0)
