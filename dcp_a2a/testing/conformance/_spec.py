@@ -9,6 +9,8 @@ LSE halves, interleaved heads) still fails.
       slice r, row b, local head j  <-  global head r*H/N + j of out[b]
       lanes [0, D)    the partial output, bit for bit
       lanes [D, D+P)  the float32 LSE: P=1 its 32 bits; P=2 low 16 bits, then high 16 bits
+      a row masked by seq_lens/query_start_loc: LSE -inf; its output lanes are not specified
+      (every receiver weighs the row 0), so the tests compare only its LSE lanes
 """
 
 from __future__ import annotations
