@@ -430,6 +430,14 @@ def main(argv=None) -> int:
     root = repo_root()
     if str(root) not in sys.path:
         sys.path.insert(0, str(root))
+    if args.mutant_specs or args.correct:
+        from .impl import importable
+
+        try:  # a file or a module next to the user: module form, importable by every session
+            args.mutant_specs = [importable(s) for s in args.mutant_specs or ()] or None
+            args.correct = [importable(s) for s in args.correct]
+        except ValueError as e:
+            ap.error(str(e))
     if args.mutant_specs:
         mutants = [(spec, describe_spec(spec)) for spec in args.mutant_specs]
     else:

@@ -110,3 +110,18 @@ def test_a_mutant_that_kills_the_process_is_killed_not_unjudged(tmp_path):
     hung = Run("m", "mutant", log="m.log")
     _read_results(path, hung, returncode=None, timed_out=True)
     assert (hung.passed, hung.failed) == (1, 0)
+
+
+def test_a_suspect_given_as_a_file_is_judged_as_its_module(tmp_path, monkeypatch, capsys):
+    """``--mutants path/to/suspect.py``: the pytest sessions run in the checkout, so the file
+    becomes its module (its directory on sys.path and PYTHONPATH) before anything starts."""
+    from dcp_a2a.testing import selfcheck
+
+    (tmp_path / "my_suspect.py").write_text('"""Suspect: what it breaks."""\n')
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.setenv("PYTHONPATH", "")
+    monkeypatch.chdir(ROOT)
+    assert selfcheck.main(["--mutants", str(tmp_path / "my_suspect.py"), "--list"]) == 0
+    assert capsys.readouterr().out.split() == ["my_suspect", "Suspect:", "what", "it", "breaks."]
+    with pytest.raises(SystemExit):
+        selfcheck.main(["--mutants", str(tmp_path / "absent.py"), "--list"])
