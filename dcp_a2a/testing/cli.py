@@ -39,6 +39,16 @@ def _positive_int(value: str) -> int:
     return n
 
 
+def _non_negative_float(value: str) -> float:
+    try:
+        x = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {value!r}")
+    if not x >= 0:  # also refuses nan
+        raise argparse.ArgumentTypeError(f"expected a number of seconds >= 0, got {value}")
+    return x
+
+
 def eval_backends() -> tuple[str, ...]:
     """What the GSM8K driver accepts (its module imports lm-eval, too heavy to ask before the
     arguments are checked; tests/cli/test_verdicts.py keeps the two equal)."""
@@ -139,6 +149,10 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--suite", type=Path, default=None, metavar="DIR",
                    help="directory holding tests/ (default: the checkout this package is in; "
                         "with only the installed package, its shipped conformance suite)")
+    v.add_argument("--stall-timeout", type=_non_negative_float, default=None, metavar="S",
+                   help="stop a pytest session in which no test starts or ends for S seconds "
+                        "(a hang: the tests running then fail, the rest count as not run); "
+                        "0 never (default 600)")
     v.add_argument("--no-progress", action="store_true", help="no progress bar")
     v.add_argument("--no-plots", action="store_true", help="skip the PNGs")
     v.add_argument("pytest_args", nargs=argparse.REMAINDER, metavar="-- PYTEST_ARGS",
@@ -258,6 +272,9 @@ def run_problem(result) -> str | None:
     """Why a pytest session's outcome cannot be trusted as-is, or None."""
     failed = any(r["outcome"] in ("failed", "error") for r in result.records)
     code = result.exit_status
+    if getattr(result, "stalled_s", None):
+        return (f"stopped: no test reported for {result.stalled_s:.0f} s (a hang; "
+                "--stall-timeout)")
     if not result.session and code not in (0, 5):
         return f"the pytest process died (exit status {code}) before the session ended"
     if code == 0 and not failed:
@@ -337,7 +354,9 @@ def validate(args) -> int:
         for spec in runs:
             progress.start_run(spec)
             res = val.run_pytest(spec, out_dir, impl=impl, quick=args.quick, extra=extra,
-                                 progress=progress, suite=suite)
+                                 progress=progress, suite=suite,
+                                 stall_s=(val.STALL_TIMEOUT_S if args.stall_timeout is None
+                                          else args.stall_timeout))
             progress.end_run(spec, res)
             results.append(res)
         for job in eval_jobs:

@@ -267,9 +267,29 @@ class RunResult:
     collection: dict = field(default_factory=dict)
     session: dict = field(default_factory=dict)
     unfinished: list[dict] = field(default_factory=list)  # selected, never started (it died)
+    stalled_s: float | None = None  # stopped after this long without a test reporting
 
 
 DIED = "the pytest process died while this test ran"
+
+
+STALL_TIMEOUT_S = 600.0
+
+
+def running(events: list[dict]) -> list[str]:
+    """Node ids that started (the recorder's ``start`` events) and have no result yet."""
+    done = {e["nodeid"] for e in events if e.get("event") == "test"}
+    return list(dict.fromkeys(e["nodeid"] for e in events
+                              if e.get("event") == "start" and e["nodeid"] not in done))
+
+
+def stalled_record(nodeid: str, stall_s: float, log: str, tiers: list) -> dict:
+    why = (f"no test reported for {stall_s:.0f} s (--stall-timeout): validate stopped the "
+           "session while this test ran")
+    return {"event": "test", "nodeid": nodeid, "outcome": "error", "phase": "hang",
+            "tiers": list(tiers), "markers": [], "duration": stall_s, "merge_reports": [],
+            "message": why, "text": f"{why}; it hangs (a collective that never completes, a "
+                                    f"kernel that never ends). The session's log: {log}"}
 
 
 def died_records(events: list[dict], exit_status, log: str, tiers_of: dict) -> list[dict]:
@@ -344,9 +364,11 @@ def _read_jsonl(path: Path, offset: int) -> tuple[list[dict], int]:
 
 def run_pytest(spec: RunSpec, out_dir: Path, *, impl: str | None, quick: bool,
                extra: list[str] = (), progress=None, env: dict | None = None,
-               suite: Suite | None = None) -> RunResult:
+               suite: Suite | None = None, stall_s: float = STALL_TIMEOUT_S) -> RunResult:
     """Run one pytest session in a subprocess; ``progress`` (a :class:`Progress`) sees every
-    finished test while it runs."""
+    finished test while it runs. A session in which no test starts or ends for ``stall_s``
+    seconds (0: never) is stopped: the tests running then are failures (they hang), the ones
+    not yet started are counted as never run."""
     raw = out_dir / "raw"
     raw.mkdir(parents=True, exist_ok=True)
     prefix = raw / spec.name
@@ -371,7 +393,8 @@ def run_pytest(spec: RunSpec, out_dir: Path, *, impl: str | None, quick: bool,
     session: dict = {}
     collection: dict = {}
     offset = 0
-    t0 = time.monotonic()
+    t0 = last_event = time.monotonic()
+    hung: list[str] = []
     with open(log_path, "w") as log:
         log.write("$ " + " ".join(cmd) + "\n")
         log.flush()
@@ -386,6 +409,8 @@ def run_pytest(spec: RunSpec, out_dir: Path, *, impl: str | None, quick: bool,
                         progress.collected(spec, collection)
                 new, offset = _read_jsonl(results_path, offset)
                 events += new
+                if new:
+                    last_event = time.monotonic()
                 for rec in new:
                     if rec.get("event") == "session":
                         session = rec
@@ -397,6 +422,10 @@ def run_pytest(spec: RunSpec, out_dir: Path, *, impl: str | None, quick: bool,
                             progress.test_done(spec, rec)
                 if done:
                     break
+                if stall_s and not hung and time.monotonic() - last_event > stall_s:
+                    hung = running(events) or ["<between tests>"]
+                    _terminate(proc)
+                    continue
                 time.sleep(0.2)
         except KeyboardInterrupt:
             _terminate(proc)
@@ -404,17 +433,23 @@ def run_pytest(spec: RunSpec, out_dir: Path, *, impl: str | None, quick: bool,
     if not collection and coll_path.is_file():
         collection = json.loads(coll_path.read_text())
     selected = {s["nodeid"]: s for s in collection.get("selected", [])}
-    died = died_records(events, proc.returncode, str(log_path),
-                        {k: v.get("tiers", []) for k, v in selected.items()})
+    tiers_of = {k: v.get("tiers", []) for k, v in selected.items()}
+    if hung:  # whatever the stopped session wrote for them, they hung
+        records = [r for r in records if r["nodeid"] not in hung]
+        records += [stalled_record(n, stall_s, str(log_path), tiers_of.get(n, []))
+                    for n in hung if n in selected]
+        died = []
+    else:
+        died = died_records(events, proc.returncode, str(log_path), tiers_of)
     records += died
     unfinished = []
-    if died or not session:
+    if died or hung or not session:
         began = {e["nodeid"] for e in events if e.get("nodeid")}
         unfinished = [{"nodeid": k, "tiers": v.get("tiers", []), "markers": v.get("markers", []),
                        "reason": "not run: the pytest session died before it"}
                       for k, v in selected.items() if k not in began]
     return RunResult(spec, cmd, proc.returncode, time.monotonic() - t0, str(log_path),
-                     records, collection, session, unfinished)
+                     records, collection, session, unfinished, stall_s if hung else None)
 
 
 def _terminate(proc: subprocess.Popen) -> None:

@@ -145,7 +145,25 @@ def test_after_the_death():
 '''
 
 
-def write_suite(root: Path, *, failing: bool, dying: bool = False) -> Path:
+HANGING = '''\
+import time
+
+import pytest
+
+pytestmark = pytest.mark.kernel
+
+
+def test_that_hangs():
+    time.sleep(3600)  # a collective that never completes, a kernel that never ends
+
+
+def test_after_the_hang():
+    pass
+'''
+
+
+def write_suite(root: Path, *, failing: bool, dying: bool = False,
+                hanging: bool = False) -> Path:
     t = root / "tests"
     for sub in ("unit", "kernel", "numerics", "multigpu", "misc"):
         (t / sub).mkdir(parents=True, exist_ok=True)
@@ -157,6 +175,8 @@ def write_suite(root: Path, *, failing: bool, dying: bool = False) -> Path:
         (t / "kernel" / "test_kfail.py").write_text(KERNEL_FAIL)
     if dying:
         (t / "kernel" / "test_kdies.py").write_text(DYING)
+    if hanging:
+        (t / "kernel" / "test_khangs.py").write_text(HANGING)
     (t / "numerics" / "test_n.py").write_text(NUMERICS)
     (t / "multigpu" / "test_mg.py").write_text(MULTIGPU)
     (t / "misc" / "test_stray.py").write_text(STRAY)

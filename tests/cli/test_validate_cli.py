@@ -194,3 +194,32 @@ def test_a_session_that_dies_names_the_test_and_never_reads_as_a_pass(tmp_path):
     assert run["problem"] == "the pytest process died (exit status 7) before the session ended"
     md = (out / "validation.md").read_text()
     assert "test_that_kills_the_process" in md and "died before" in md
+
+
+def test_a_session_that_hangs_is_stopped_and_names_the_test(tmp_path):
+    """No test starts or ends for --stall-timeout seconds: validate stops the session; the test
+    that was running fails as a hang, the rest count as never run, the exit status is 1
+    (instead of a CI job that waits for its cap)."""
+    import time
+
+    suite = write_suite(tmp_path / "suite", failing=False, hanging=True)
+    out = tmp_path / "report"
+    t0 = time.monotonic()
+    code = cli.main(["validate", "--suite", str(suite), "--out", str(out), "-j", "0",
+                     "--no-progress", "--tiers", "kernel", "--stall-timeout", "2"])
+    assert time.monotonic() - t0 < 60
+    rep = json.loads((out / "validation.json").read_text())
+    assert code == 1 and not rep["ok"]
+    (hung,) = rep["failures"]
+    assert hung["nodeid"].endswith("test_khangs.py::test_that_hangs") and hung["phase"] == "hang"
+    assert "no test reported for 2 s" in hung["message"]
+    kernel = next(t for t in rep["tiers"] if t["name"] == "kernel")
+    assert kernel["status"] == "failed" and kernel["unfinished"] >= 1
+    assert rep["runs"][0]["problem"].startswith("stopped: no test reported for 2 s")
+
+
+@pytest.mark.parametrize("bad", ["-1", "soon", "nan"])
+def test_stall_timeout_must_be_seconds(bad, capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.main(["validate", "--stall-timeout", bad])
+    assert e.value.code == 2 and "--stall-timeout" in capsys.readouterr().err
