@@ -4,7 +4,8 @@ Four steps, one exit status, one summary:
 
 1. ``dcp-a2a validate`` -- every tier this machine supports (the gpu tier, and the multigpu
    tier with 2+ GPUs; the multi-process tier on gloo ranks that share the GPUs);
-2. the self-check (``python -m dcp_a2a.testing.selfcheck --correct dcp_a2a.reference.contract``):
+2. the self-check (``python -m dcp_a2a.testing.selfcheck --correct dcp_a2a.reference.contract
+   dcp_a2a.testing.freedoms``):
    every mutant killed by the conformance tier with the kernels compiled -- a verdict the
    interpreter cannot give (an unchecked in-place pack came out right on a GPU at the sizes
    that caught it on the CPU) -- and the pure-PyTorch contract passing it on CUDA, graphs
@@ -100,8 +101,9 @@ def selfcheck_step(out: Path, workers, env: dict) -> Step:
     # at once; the contract's full run gets the validate step's workers
     parallel = max(1, min(6, (os.cpu_count() or 2) // 2))
     cmd = [sys.executable, "-m", "dcp_a2a.testing.selfcheck", "--correct",
-           "dcp_a2a.reference.contract", "--jobs", str(jobs), "--parallel", str(parallel),
-           "--json", str(report), "--workdir", str(out / "selfcheck")]
+           "dcp_a2a.reference.contract", "dcp_a2a.testing.freedoms", "--jobs", str(jobs),
+           "--parallel", str(parallel), "--json", str(report),
+           "--workdir", str(out / "selfcheck")]
     code, step.wall_s = _run(cmd, log, env)
     step.log = str(log)
     step.status = "passed" if code == 0 else "failed"

@@ -4,8 +4,9 @@
 
 Runs ``pytest -m conformance --impl SPEC -n JOBS`` once per implementation:
 
-* each correct implementation (``dcp_a2a`` and ``dcp_a2a.reference.contract``): every conformance test
-  must pass;
+* each correct implementation (``dcp_a2a``, ``dcp_a2a.reference.contract`` and
+  ``dcp_a2a.testing.freedoms``, which takes every freedom the contract leaves: the guard against
+  tests that fail correct code): every conformance test must pass;
 * each mutant in ``dcp_a2a/testing/mutants/`` (one realistic bug per module, its docstring's first line
   names the class of failure): at least one conformance test must fail. Mutant runs stop at
   the first failure (``-x``) and run in one process each (``--mutant-jobs 1``: starting xdist
@@ -37,7 +38,7 @@ from pathlib import Path
 
 from .validate import died_records, xdist_args
 
-CORRECT = ("dcp_a2a", "dcp_a2a.reference.contract")
+CORRECT = ("dcp_a2a", "dcp_a2a.reference.contract", "dcp_a2a.testing.freedoms")
 MUTANTS_PACKAGE = "dcp_a2a.testing.mutants"
 _INTERRUPTED = "no result reported"
 _LIVE: set = set()  # pytest processes running now (killed, with their workers, on exit)
@@ -309,7 +310,7 @@ def _pytest_subprocess(cmd, root, env, log, timeout) -> tuple[int | None, bool]:
 _PRELOAD = ["torch", "torch.distributed", "numpy", "scipy.special", "triton", "pytest",
             "hypothesis", "filelock", "yaml", "dcp_a2a", "dcp_a2a.testing.plugin",
             "dcp_a2a.testing.recorder", "dcp_a2a.testing.compare", "dcp_a2a.testing.exchange",
-            "dcp_a2a.testing.tasks", "dcp_a2a.reference.contract"]
+            "dcp_a2a.testing.tasks", "dcp_a2a.reference.contract", "dcp_a2a.testing.freedoms"]
 
 
 def _forkable() -> bool:

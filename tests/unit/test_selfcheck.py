@@ -64,19 +64,21 @@ def test_selfcheck_fails_when_a_mutant_survives(tmp_path):
 
 
 def test_every_mutant_killed_and_correct_implementations_pass(tmp_path):
-    """Every mutant killed, the reference contract passes. (The project's own implementation
+    """Every mutant killed; the reference contract passes, and so does the implementation that
+    takes every freedom the contract leaves (a test that fails it fails correct engines). (The
+    project's own implementation
     passes the same conformance tier in this very test session, with the default --impl, so
     the self-check does not run it a second time here; ``python -m dcp_a2a.testing.selfcheck``
     runs both.)"""
     # --jobs 1: the reference contract's run is forked from the preloaded server too (xdist
     # workers would each import torch again, on a CI machine whose cores run the suite already)
-    proc, report = _selfcheck(tmp_path, "--correct", "dcp_a2a.reference.contract", "--jobs", "1",
-                              timeout=2400)
+    proc, report = _selfcheck(tmp_path, "--correct", "dcp_a2a.reference.contract",
+                              "dcp_a2a.testing.freedoms", "--jobs", "1", timeout=2400)
     print(proc.stdout)  # the kill table, in the CI log
     assert report is not None, proc.stdout[-4000:] + proc.stderr[-4000:]
     runs = report["runs"]
     correct = {r["spec"]: r for r in runs if r["kind"] == "correct"}
-    assert set(correct) == {"dcp_a2a.reference.contract"}
+    assert set(correct) == {"dcp_a2a.reference.contract", "dcp_a2a.testing.freedoms"}
     for spec, r in correct.items():
         assert r["verdict"] == "pass" and r["passed"] > 0, \
             f"{spec}: {r['verdict']}, first failure {r['first_failure']}: {r['failure_text']}"

@@ -1,0 +1,103 @@
+"""A correct implementation that takes every freedom the contract leaves, all at once: the
+self-check runs it beside the reference contract, and the conformance tier must pass it. It is
+the guard against a suite that goes red on correct code (each freedom below once failed tests
+that a correct engine would have failed too, before the tests were fixed).
+
+Where it differs from :class:`dcp_a2a.reference.contract.ReferenceContract`:
+
+* refusals in other words: "cannot be split evenly", "head dim", "fp8", "double precision", and a
+  ``TypeError`` for a dtype that is not floating point;
+* the group validated first: ``device_group`` must be a ``torch.distributed.ProcessGroup`` of the
+  group's size in which this process has ``rank_in_group`` (a ``TypeError`` otherwise);
+* masked rows sent with zeroed output lanes (the contract leaves them unspecified);
+* the exchange with explicit (even) split sizes;
+* the merge accumulated in float32, ranks in reverse order, with fused multiply-adds;
+* results returned as non-contiguous views.
+
+    python -m dcp_a2a.testing.selfcheck --correct dcp_a2a.testing.freedoms --no-mutants
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from ..reference.contract import ReferenceContract
+
+
+class Freedoms(ReferenceContract):
+    # ------------------------------------------------------------ refusals in other words
+    def lse_pack_dim(self, dtype):
+        if not isinstance(dtype, torch.dtype):
+            raise TypeError(f"expected a torch.dtype, got {type(dtype).__name__}")
+        if not dtype.is_floating_point:
+            raise TypeError(f"the attention output must be floating point, not {dtype}")
+        if dtype.itemsize == 1:
+            raise ValueError(f"fp8 outputs ({dtype}) have no packed wire format")
+        if dtype == torch.float64:
+            raise ValueError(f"double precision outputs ({dtype}) are not supported")
+        return super().lse_pack_dim(dtype)
+
+    def check_heads(self, num_heads, world_size):
+        if isinstance(world_size, int) and world_size > 0 and num_heads % world_size:
+            raise ValueError(f"{num_heads} heads cannot be split evenly over {world_size} "
+                             "ranks")
+        return super().check_heads(num_heads, world_size)
+
+    def pack_send(self, out, lse, send, world_size, h_per_rank, head_dim, lse_pack_dim,
+                  seq_lens=None, query_start_loc=None):
+        if (isinstance(out, torch.Tensor) and out.dim() == 3 and isinstance(head_dim, int)
+                and head_dim != out.shape[2]):
+            raise ValueError(f"head dim {head_dim} is not the output's last dim "
+                             f"{out.shape[2]}")
+        super().pack_send(out, lse, send, world_size, h_per_rank, head_dim, lse_pack_dim,
+                          seq_lens, query_start_loc)
+
+    # ------------------------------------------------------------ the group, first
+    def check_group(self, group):
+        n, r = super().check_group(group)
+        if n > 1:
+            pg = group.device_group
+            if not isinstance(pg, dist.ProcessGroup):
+                raise TypeError("group.device_group must be a torch.distributed.ProcessGroup, "
+                                f"got {type(pg).__name__}")
+            if (pg.size(), pg.rank()) != (n, r):
+                raise ValueError(f"device_group is rank {pg.rank()} of {pg.size()}, the group "
+                                 f"says rank {r} of {n}")
+        return n, r
+
+    # ------------------------------------------------------------ masked rows zeroed
+    def _pack(self, out, lse, send, world_size, hpr, D, seq_lens, query_start_loc):
+        super()._pack(out, lse, send, world_size, hpr, D, seq_lens, query_start_loc)
+        empty = self.empty_rows(out.shape[0], seq_lens, query_start_loc, out.device)
+        send[:, empty, :, :D] = 0
+
+    # ------------------------------------------------------------ explicit even splits
+    def exchange(self, send, group):
+        if group.world_size == 1:
+            return send
+        recv = torch.empty_like(send)
+        split = [send.shape[0] // group.world_size] * group.world_size
+        dist.all_to_all_single(recv, send, split, split, group=group.device_group)
+        return recv
+
+    # ------------------------------------------------------------ fp32, reversed, fused
+    def weighted_sum(self, w, data):
+        x, w32 = data.to(torch.float32), w.to(torch.float32)
+        acc = torch.zeros(x.shape[1:], dtype=torch.float32, device=x.device)
+        for n in reversed(range(x.shape[0])):
+            wn = w32[n][..., None].expand_as(x[n])
+            term = torch.where(wn > 0, x[n], torch.zeros_like(x[n]))  # weight 0: nothing in
+            acc = torch.addcmul(acc, wn, term)
+        return acc.to(torch.float64)
+
+    # ------------------------------------------------------------ non-contiguous results
+    def _combine(self, recv, head_dim, return_lse, is_lse_base_on_e):
+        out, g = super()._combine(recv, head_dim, True, is_lse_base_on_e)
+        out = out.transpose(0, 1).contiguous().transpose(0, 1)
+        g = g.t().contiguous().t()
+        return (out, g) if return_lse else out
+
+
+IMPL = Freedoms()
+lse_pack_dim, pack_send, unpack_combine, lse_reduce = IMPL.functions()
