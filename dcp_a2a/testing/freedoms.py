@@ -7,6 +7,7 @@ Where it differs from :class:`dcp_a2a.reference.contract.ReferenceContract`:
 
 * refusals in other words: "cannot be split evenly", "head dim", "fp8", "double precision", and a
   ``TypeError`` for a dtype that is not floating point;
+* a group of one returns its inputs themselves (without masks, for a float32 LSE);
 * the group validated first: ``device_group`` must be a ``torch.distributed.ProcessGroup`` of the
   group's size in which this process has ``rank_in_group`` (a ``TypeError`` otherwise);
 * masked rows sent with zeroed output lanes (the contract leaves them unspecified);
@@ -65,6 +66,19 @@ class Freedoms(ReferenceContract):
                 raise ValueError(f"device_group is rank {pg.rank()} of {pg.size()}, the group "
                                  f"says rank {r} of {n}")
         return n, r
+
+    # ------------------------------------------------------------ a group of one: its inputs
+    def lse_reduce(self, out, lse, group, *, return_lse=False, is_lse_base_on_e=True,
+                   seq_lens=None, query_start_loc=None):
+        n, _ = self.check_group(group)
+        plain = seq_lens is None and query_start_loc is None
+        if (n == 1 and plain and isinstance(lse, torch.Tensor) and lse.dtype == torch.float32
+                and isinstance(return_lse, bool) and isinstance(is_lse_base_on_e, bool)):
+            self.check_out_lse(out, lse)
+            return (out, lse) if return_lse else out  # the very tensors, as engines pass them
+        return super().lse_reduce(out, lse, group, return_lse=return_lse,
+                                  is_lse_base_on_e=is_lse_base_on_e, seq_lens=seq_lens,
+                                  query_start_loc=query_start_loc)
 
     # ------------------------------------------------------------ masked rows zeroed
     def _pack(self, out, lse, send, world_size, hpr, D, seq_lens, query_start_loc):
