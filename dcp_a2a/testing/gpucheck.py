@@ -41,13 +41,46 @@ class Step:
     log: str = ""
 
 
-def _run(cmd: list[str], log: Path, env: dict) -> tuple[int, float]:
+# A step's last resort against a hang (validate and the self-check also stop what hangs inside
+# them; the accuracy job's NCCL ranks and the bench have no watchdog of their own): far above
+# each step's time on one H200, so only a hang reaches it.
+STEP_TIMEOUT_S = {"validate": 3600, "selfcheck": 3600, "accuracy": 900, "bench": 600}
+TIMED_OUT = 124
+
+
+def _run(cmd: list[str], log: Path, env: dict, timeout_s: float | None = None
+         ) -> tuple[int, float]:
+    """Run a step in a process group of its own; one that outlives ``timeout_s`` is killed
+    with everything it started and exits :data:`TIMED_OUT`."""
+    import signal
+
     t0 = time.monotonic()
     with open(log, "w") as fh:
         fh.write("$ " + " ".join(cmd) + "\n")
         fh.flush()
-        code = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env).returncode
+        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True)
+        try:
+            code = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            for sig in (signal.SIGTERM, signal.SIGKILL):
+                try:
+                    os.killpg(proc.pid, sig)
+                    proc.wait(10)
+                    break
+                except ProcessLookupError:
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
+            fh.write(f"\ngpu-check: killed after {timeout_s:.0f} s (a hang)\n")
+            code = TIMED_OUT
     return code, time.monotonic() - t0
+
+
+def _failure_detail(code: int, log: Path, timeout_s: float) -> str:
+    if code == TIMED_OUT:
+        return f"killed after {timeout_s:.0f} s (a hang); log {log}"
+    return f"exit status {code}: {_tail(log)}"
 
 
 def _tail(path: Path, lines: int = 3) -> str:
@@ -74,9 +107,13 @@ def validate_step(out: Path, workers, env: dict) -> Step:
     cmd = [sys.executable, "-m", "dcp_a2a", "validate", "--out", str(out), "--no-progress"]
     if workers is not None:
         cmd += ["-j", str(workers)]
-    code, step.wall_s = _run(cmd, log, env)
+    (out / "validation.json").unlink(missing_ok=True)  # never read a previous run's report
+    code, step.wall_s = _run(cmd, log, env, STEP_TIMEOUT_S["validate"])
     step.status = "passed" if code == 0 else "failed"
     step.log = str(out / "validation.md")
+    if code == TIMED_OUT:
+        step.detail = _failure_detail(code, log, STEP_TIMEOUT_S["validate"])
+        return step
     try:
         rep = json.loads((out / "validation.json").read_text())
         ran = [t for t in rep["tiers"] if t["status"] != "not run"]
@@ -104,9 +141,13 @@ def selfcheck_step(out: Path, workers, env: dict) -> Step:
            "dcp_a2a.reference.contract", "dcp_a2a.testing.freedoms", "--jobs", str(jobs),
            "--parallel", str(parallel), "--json", str(report),
            "--workdir", str(out / "selfcheck")]
-    code, step.wall_s = _run(cmd, log, env)
+    report.unlink(missing_ok=True)
+    code, step.wall_s = _run(cmd, log, env, STEP_TIMEOUT_S["selfcheck"])
     step.log = str(log)
     step.status = "passed" if code == 0 else "failed"
+    if code == TIMED_OUT:
+        step.detail = _failure_detail(code, log, STEP_TIMEOUT_S["selfcheck"])
+        return step
     try:
         runs = json.loads(report.read_text())["runs"]
         mutants = [r for r in runs if r["kind"] == "mutant"]
@@ -132,9 +173,13 @@ def accuracy_step(out: Path, gpus: int, env: dict) -> Step:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
            f"--nproc-per-node={nproc}", "-m", "dcp_a2a.testing.accuracy",
            "--dist-backend", backend, "--out", str(report), "--quiet"]
-    code, step.wall_s = _run(cmd, log, env)
+    report.unlink(missing_ok=True)
+    code, step.wall_s = _run(cmd, log, env, STEP_TIMEOUT_S["accuracy"])
     step.log = str(log)
     step.status = "passed" if code == 0 else "failed"
+    if code == TIMED_OUT:
+        step.detail = _failure_detail(code, log, STEP_TIMEOUT_S["accuracy"])
+        return step
     try:
         rep = json.loads(report.read_text())
         failed = sum(not c["ok"] for c in rep["cases"])
@@ -152,10 +197,14 @@ def bench_step(out: Path, env: dict) -> Step:
     step = Step("bench (quick)")
     report = out / "bench.json"
     log = out / "bench.log"
+    report.unlink(missing_ok=True)
     code, step.wall_s = _run([sys.executable, "-m", "dcp_a2a.testing.bench", "--quick",
-                              "--out", str(report)], log, env)
+                              "--out", str(report)], log, env, STEP_TIMEOUT_S["bench"])
     step.log = str(log)
     step.status = "passed" if code == 0 else "failed"
+    if code == TIMED_OUT:
+        step.detail = _failure_detail(code, log, STEP_TIMEOUT_S["bench"])
+        return step
     try:
         rep = json.loads(report.read_text())
         rows = [r for r in rep["rows"] if r["variant"] == "default"

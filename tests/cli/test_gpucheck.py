@@ -24,7 +24,7 @@ def test_selfcheck_step_names_survivors_and_the_contract(monkeypatch, tmp_path):
             _mutant("a", "killed"), _mutant("b", "SURVIVED"), _mutant("c", "not run")]
     seen = []
 
-    def fake_run(cmd, log, env):  # the self-check's report of a run where b survived
+    def fake_run(cmd, log, env, timeout_s=None):  # the self-check's report: b survived
         seen.append(cmd)
         with open(cmd[cmd.index("--json") + 1], "w") as fh:
             json.dump({"runs": runs, "ok": False, "seconds": 1.0}, fh)
@@ -62,7 +62,8 @@ def test_validate_step_runs_the_command_line_and_the_dependency_runs_one_way(mon
     from pathlib import Path
 
     seen = []
-    monkeypatch.setattr(gpucheck, "_run", lambda cmd, log, env: (seen.append(cmd), (3, 0.5))[1])
+    monkeypatch.setattr(gpucheck, "_run",
+                        lambda cmd, log, env, timeout_s=None: (seen.append(cmd), (3, 0.5))[1])
     step = gpucheck.validate_step(tmp_path, 4, {})
     assert seen == [[sys.executable, "-m", "dcp_a2a", "validate", "--out", str(tmp_path),
                      "--no-progress", "-j", "4"]]
@@ -81,3 +82,21 @@ def test_version_names_the_installation(capsys):
     assert e.value.code == 0
     assert capsys.readouterr().out.strip() == (
         f"dcp-a2a {dcp_a2a.__version__} ({Path(dcp_a2a.__file__).parent})")
+
+
+def test_a_hung_step_is_killed_and_fails_naming_the_hang(monkeypatch, tmp_path):
+    """A step that outlives its limit (an NCCL rank that never returns) is killed with what it
+    started; the step fails saying so, and no report of an earlier run is read instead."""
+    import sys
+
+    log = tmp_path / "hang.log"
+    code, wall = gpucheck._run([sys.executable, "-c", "import time; time.sleep(60)"], log,
+                               {}, timeout_s=1)
+    assert code == gpucheck.TIMED_OUT and wall < 30
+    assert "killed after 1 s (a hang)" in log.read_text()
+    (tmp_path / "accuracy.json").write_text('{"cases": []}')  # a previous run's report
+    monkeypatch.setattr(gpucheck, "_run", lambda cmd, log, env, timeout_s=None:
+                        (gpucheck.TIMED_OUT, 900.0))
+    step = gpucheck.accuracy_step(tmp_path, 1, {})
+    assert step.status == "failed" and step.detail.startswith("killed after 900 s (a hang)")
+    assert not (tmp_path / "accuracy.json").exists()
