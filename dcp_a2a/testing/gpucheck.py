@@ -60,20 +60,26 @@ def _run(cmd: list[str], log: Path, env: dict, timeout_s: float | None = None
         fh.flush()
         proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env,
                                 start_new_session=True)
-        try:
-            code = proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            for sig in (signal.SIGTERM, signal.SIGKILL):
+        def stop(first):
+            for sig in (first, signal.SIGTERM, signal.SIGKILL):
                 try:
                     os.killpg(proc.pid, sig)
                     proc.wait(10)
-                    break
+                    return
                 except ProcessLookupError:
-                    break
+                    return
                 except subprocess.TimeoutExpired:
                     continue
+
+        try:
+            code = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            stop(signal.SIGTERM)
             fh.write(f"\ngpu-check: killed after {timeout_s:.0f} s (a hang)\n")
             code = TIMED_OUT
+        except KeyboardInterrupt:  # its own session sees no Ctrl-C: pass it on, then stop
+            stop(signal.SIGINT)
+            raise
     return code, time.monotonic() - t0
 
 
