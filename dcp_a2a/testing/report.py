@@ -57,8 +57,8 @@ def summary_table(report: dict) -> str:
         if t["not_run"]:
             extra.append(f"{_n(t['not_run'], 'test')} not run: also in a tier not run here")
         if t.get("unfinished"):
-            extra.append(f"{_n(t['unfinished'], 'test')} not run: the pytest session died "
-                         "before them")
+            extra.append(f"{_n(t['unfinished'], 'test')} not run: the pytest session ended "
+                         "early (it died or was stopped)")
         if t.get("other_code"):
             extra.append(f"{_n(t['other_code'], 'test')} of dcp_a2a's own code left out "
                          "(not the implementation under test)")

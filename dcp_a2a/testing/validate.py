@@ -204,9 +204,9 @@ def tier_availability(machine: dict, evals: bool) -> dict[str, str | None]:
         # the GPU tiers judge compiled kernels (rounding, contraction, timing): the
         # interpreter would pass them without compiling anything
         for t in ("gpu", "multigpu"):
-            why[t] = why[t] or (f"TRITON_INTERPRET={machine.get('TRITON_INTERPRET')} runs Triton's "
-                                "interpreter, not the compiled kernels this tier checks "
-                                "(unset TRITON_INTERPRET)")
+            why[t] = why[t] or (f"TRITON_INTERPRET={machine.get('TRITON_INTERPRET')} runs "
+                                "Triton's interpreter, not the compiled kernels this tier "
+                                "checks (unset TRITON_INTERPRET)")
     if not evals:
         why["e2e"] = "not requested (pass --evals)"
     return why
@@ -271,8 +271,7 @@ class RunResult:
 
 
 DIED = "the pytest process died while this test ran"
-
-
+UNFINISHED = "not run: the pytest session ended early (it died or was stopped)"
 STALL_TIMEOUT_S = 600.0
 
 
@@ -446,7 +445,7 @@ def run_pytest(spec: RunSpec, out_dir: Path, *, impl: str | None, quick: bool,
     if died or hung or not session:
         began = {e["nodeid"] for e in events if e.get("nodeid")}
         unfinished = [{"nodeid": k, "tiers": v.get("tiers", []), "markers": v.get("markers", []),
-                       "reason": "not run: the pytest session died before it"}
+                       "reason": UNFINISHED}
                       for k, v in selected.items() if k not in began]
     return RunResult(spec, cmd, proc.returncode, time.monotonic() - t0, str(log_path),
                      records, collection, session, unfinished, stall_s if hung else None)
@@ -666,7 +665,7 @@ def summarise_tiers(plans: list[TierPlan], records: list[dict],
                     s.left_out += 1
                 elif d["reason"] == OTHER_CODE:
                     s.other_code += 1
-                elif d["reason"].endswith("died before it"):
+                elif d["reason"] == UNFINISHED:
                     s.unfinished += 1
                 else:
                     s.not_run += 1
@@ -712,7 +711,7 @@ def summarise_tiers(plans: list[TierPlan], records: list[dict],
             if s.failed or s.unfinished:  # a tier the session died in never reads as a pass
                 s.status = "failed"
                 if s.unfinished:
-                    s.reason = (f"the pytest session died before {s.unfinished} of its tests")
+                    s.reason = f"the pytest session ended before {s.unfinished} of its tests"
             elif s.cases == 0:
                 s.status = "no tests"
                 s.reason = ("no test in this tier" + (" after --quick" if s.left_out else ""))

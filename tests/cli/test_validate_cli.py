@@ -190,11 +190,11 @@ def test_a_session_that_dies_names_the_test_and_never_reads_as_a_pass(tmp_path):
     assert "died while this test ran (exit status 7)" in died["message"]
     kernel = next(t for t in rep["tiers"] if t["name"] == "kernel")
     assert kernel["status"] == "failed" and kernel["unfinished"] >= 1
-    assert "died before" in kernel["reason"]
+    assert "ended before" in kernel["reason"]
     (run,) = rep["runs"]
     assert run["problem"] == "the pytest process died (exit status 7) before the session ended"
     md = (out / "validation.md").read_text()
-    assert "test_that_kills_the_process" in md and "died before" in md
+    assert "test_that_kills_the_process" in md and "ended before" in md
 
 
 def test_a_session_that_hangs_is_stopped_and_names_the_test(tmp_path):
