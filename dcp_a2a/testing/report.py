@@ -32,6 +32,7 @@ def fmt_headroom(h) -> str:
 
 
 def fmt_time(s: float) -> str:
+    s = round(s, 1)  # before splitting: 119.97 s is 2m00.0s, not 1m60.0s
     if s < 60:
         return f"{s:.1f}s"
     return f"{int(s // 60)}m{s % 60:04.1f}s"

@@ -280,3 +280,11 @@ def test_selfcheck_sessions_take_the_same_worker_options(monkeypatch, tmp_path, 
     expected = val.xdist_args(jobs if jobs > 1 else None)
     assert " ".join(expected) in " ".join(cmd)
     assert ("--dist loadgroup" in " ".join(cmd)) == (jobs > 1)
+
+
+@pytest.mark.parametrize("seconds,shown", [(0.04, "0.0s"), (59.96, "1m00.0s"), (61.25, "1m01.2s"),
+                                           (119.97, "2m00.0s"), (3600.0, "60m00.0s")])
+def test_times_never_show_60_seconds(seconds, shown):
+    from dcp_a2a.testing import report as rep
+
+    assert rep.fmt_time(seconds) == shown
