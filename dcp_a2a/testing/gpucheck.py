@@ -60,6 +60,7 @@ def _run(cmd: list[str], log: Path, env: dict, timeout_s: float | None = None
         fh.flush()
         proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env,
                                 start_new_session=True)
+
         def stop(first):
             for sig in (first, signal.SIGTERM, signal.SIGKILL):
                 try:
@@ -83,10 +84,18 @@ def _run(cmd: list[str], log: Path, env: dict, timeout_s: float | None = None
     return code, time.monotonic() - t0
 
 
-def _failure_detail(code: int, log: Path, timeout_s: float) -> str:
+def _run_step(step: Step, key: str, cmd: list[str], log: Path, env: dict, report: Path
+              ) -> int | None:
+    """Run ``cmd`` as ``step`` under ``STEP_TIMEOUT_S[key]``, a previous run's ``report``
+    removed first (a step that writes none never reads an old one). The exit status, or None
+    when it hung and was killed (the step's detail then says so)."""
+    report.unlink(missing_ok=True)
+    code, step.wall_s = _run(cmd, log, env, STEP_TIMEOUT_S[key])
+    step.status = "passed" if code == 0 else "failed"
     if code == TIMED_OUT:
-        return f"killed after {timeout_s:.0f} s (a hang); log {log}"
-    return f"exit status {code}: {_tail(log)}"
+        step.detail = f"killed after {STEP_TIMEOUT_S[key]:.0f} s (a hang); log {log}"
+        return None
+    return code
 
 
 def _tail(path: Path, lines: int = 3) -> str:
@@ -113,12 +122,9 @@ def validate_step(out: Path, workers, env: dict) -> Step:
     cmd = [sys.executable, "-m", "dcp_a2a", "validate", "--out", str(out), "--no-progress"]
     if workers is not None:
         cmd += ["-j", str(workers)]
-    (out / "validation.json").unlink(missing_ok=True)  # never read a previous run's report
-    code, step.wall_s = _run(cmd, log, env, STEP_TIMEOUT_S["validate"])
-    step.status = "passed" if code == 0 else "failed"
+    code = _run_step(step, "validate", cmd, log, env, out / "validation.json")
     step.log = str(out / "validation.md")
-    if code == TIMED_OUT:
-        step.detail = _failure_detail(code, log, STEP_TIMEOUT_S["validate"])
+    if code is None:
         return step
     try:
         rep = json.loads((out / "validation.json").read_text())
@@ -147,12 +153,9 @@ def selfcheck_step(out: Path, workers, env: dict) -> Step:
            "dcp_a2a.reference.contract", "dcp_a2a.testing.freedoms", "--jobs", str(jobs),
            "--parallel", str(parallel), "--json", str(report),
            "--workdir", str(out / "selfcheck")]
-    report.unlink(missing_ok=True)
-    code, step.wall_s = _run(cmd, log, env, STEP_TIMEOUT_S["selfcheck"])
+    code = _run_step(step, "selfcheck", cmd, log, env, report)
     step.log = str(log)
-    step.status = "passed" if code == 0 else "failed"
-    if code == TIMED_OUT:
-        step.detail = _failure_detail(code, log, STEP_TIMEOUT_S["selfcheck"])
+    if code is None:
         return step
     try:
         runs = json.loads(report.read_text())["runs"]
@@ -179,12 +182,9 @@ def accuracy_step(out: Path, gpus: int, env: dict) -> Step:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
            f"--nproc-per-node={nproc}", "-m", "dcp_a2a.testing.accuracy",
            "--dist-backend", backend, "--out", str(report), "--quiet"]
-    report.unlink(missing_ok=True)
-    code, step.wall_s = _run(cmd, log, env, STEP_TIMEOUT_S["accuracy"])
+    code = _run_step(step, "accuracy", cmd, log, env, report)
     step.log = str(log)
-    step.status = "passed" if code == 0 else "failed"
-    if code == TIMED_OUT:
-        step.detail = _failure_detail(code, log, STEP_TIMEOUT_S["accuracy"])
+    if code is None:
         return step
     try:
         rep = json.loads(report.read_text())
@@ -203,13 +203,10 @@ def bench_step(out: Path, env: dict) -> Step:
     step = Step("bench (quick)")
     report = out / "bench.json"
     log = out / "bench.log"
-    report.unlink(missing_ok=True)
-    code, step.wall_s = _run([sys.executable, "-m", "dcp_a2a.testing.bench", "--quick",
-                              "--out", str(report)], log, env, STEP_TIMEOUT_S["bench"])
+    code = _run_step(step, "bench", [sys.executable, "-m", "dcp_a2a.testing.bench", "--quick",
+                                     "--out", str(report)], log, env, report)
     step.log = str(log)
-    step.status = "passed" if code == 0 else "failed"
-    if code == TIMED_OUT:
-        step.detail = _failure_detail(code, log, STEP_TIMEOUT_S["bench"])
+    if code is None:
         return step
     try:
         rep = json.loads(report.read_text())
