@@ -282,13 +282,20 @@ def running(events: list[dict]) -> list[str]:
                               if e.get("event") == "start" and e["nodeid"] not in done))
 
 
+def _lost_record(nodeid: str, phase: str, tiers, duration: float, message: str,
+                 text: str) -> dict:
+    """A recorder-shaped error record for a test whose session never reported it."""
+    return {"event": "test", "nodeid": nodeid, "outcome": "error", "phase": phase,
+            "tiers": list(tiers), "markers": [], "duration": duration, "merge_reports": [],
+            "message": message, "text": text}
+
+
 def stalled_record(nodeid: str, stall_s: float, log: str, tiers: list) -> dict:
     why = (f"no test reported for {stall_s:.0f} s (--stall-timeout): validate stopped the "
            "session while this test ran")
-    return {"event": "test", "nodeid": nodeid, "outcome": "error", "phase": "hang",
-            "tiers": list(tiers), "markers": [], "duration": stall_s, "merge_reports": [],
-            "message": why, "text": f"{why}; it hangs (a collective that never completes, a "
-                                    f"kernel that never ends). The session's log: {log}"}
+    return _lost_record(nodeid, "hang", tiers, stall_s, why,
+                        f"{why}; it hangs (a collective that never completes, a kernel that "
+                        f"never ends). The session's log: {log}")
 
 
 def died_records(events: list[dict], exit_status, log: str, tiers_of: dict) -> list[dict]:
@@ -297,18 +304,10 @@ def died_records(events: list[dict], exit_status, log: str, tiers_of: dict) -> l
     and never reported, from the recorder's ``start`` events; [] for a session that ended."""
     if any(e.get("event") == "session" for e in events):
         return []
-    reported = {e["nodeid"] for e in events if e.get("event") == "test"}
-    out = []
-    for e in events:
-        if e.get("event") == "start" and e["nodeid"] not in reported:
-            reported.add(e["nodeid"])
-            out.append({"event": "test", "nodeid": e["nodeid"], "outcome": "error",
-                        "phase": "crash", "tiers": list(tiers_of.get(e["nodeid"], [])),
-                        "markers": [], "duration": 0.0, "merge_reports": [],
-                        "message": f"{DIED} (exit status {exit_status})",
-                        "text": f"{DIED} (exit status {exit_status}): no report, no session "
-                                f"record; the session's log has its last output: {log}"})
-    return out
+    why = f"{DIED} (exit status {exit_status})"
+    return [_lost_record(n, "crash", tiers_of.get(n, []), 0.0, why,
+                         f"{why}: no report, no session record; the session's log has its "
+                         f"last output: {log}") for n in running(events)]
 
 
 def pytest_command(spec: RunSpec, prefix: Path, *, impl: str | None, quick: bool,
