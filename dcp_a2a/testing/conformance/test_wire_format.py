@@ -127,13 +127,29 @@ def test_non_contiguous_inputs(impl, device, dtype):
     _assert_wire_equal(send, expected_send(out, lse, n))
 
 
+# Where the send buffer lies relative to the tensors it packs, in bytes of one workspace (every
+# offset a multiple of 16: the layouts differ in overlap only, not in alignment).
+OVERLAPS = {
+    "send_at_out": "send and out start together",
+    "send_before_out": "out starts 48 bytes into send",
+    "send_inside_out": "send starts halfway through out (carved from its tail)",
+    "send_over_lse": "lse lies inside send",
+}
+
+
+def _carve(ws, start, shape, dtype):
+    nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    return ws[start:start + nbytes].view(dtype).view(shape)
+
+
 @pytest.mark.clause("bad input")  # overrides the module's clause
-@pytest.mark.parametrize("offset", [0, 24], ids=["send_at_out", "send_before_out"])
+@pytest.mark.parametrize("layout", list(OVERLAPS))
 @pytest.mark.parametrize("b", [4, 8192], ids=["one_wave", "many_waves"])
-def test_staging_buffer_overlapping_out(impl, device, b, offset):
-    """A send buffer carved from the same memory as the attention output it packs (a shipped
-    bug: the pack overwrote its own input). The implementation must refuse it with a
-    ValueError, or else produce exactly the right bytes; silently corrupted bytes fail.
+def test_staging_buffer_overlapping_its_inputs(impl, device, b, layout):
+    """A send buffer carved from the same memory as the attention output or the LSE it packs
+    (a shipped bug: the pack overwrote its own input). Every way the spans can overlap (see
+    OVERLAPS): the implementation must refuse it with a ValueError before writing, or else
+    produce exactly the right bytes; silently corrupted bytes fail.
 
     ``many_waves``: on a GPU the few programs of a small launch run at once, each loading its
     rows before any stores, so an unchecked in-place pack can come out right by timing (it
@@ -145,16 +161,23 @@ def test_staging_buffer_overlapping_out(impl, device, b, offset):
     dtype = torch.float16
     outs, lses = partials(1, b, h, d, dtype, seed=21, device=device)
     p = pack_dim(dtype)
-    numel = n * b * (h // n) * (d + p)
-    workspace = torch.zeros(numel + b * h * d + 64, dtype=dtype, device=device)
-    out = workspace[offset: offset + b * h * d].view(b, h, d)
+    send_shape, out_bytes = (n, b, h // n, d + p), b * h * d * 2
+    send_bytes = math.prod(send_shape) * 2
+    at = {"send_at_out": (0, 0, None), "send_before_out": (0, 48, None),
+          "send_inside_out": (out_bytes // 32 * 16, 0, None),
+          "send_over_lse": (0, send_bytes + 64, 64)}[layout]  # (send, out, lse) byte offsets
+    ws = torch.zeros(send_bytes + out_bytes + b * h * 4 + 256, dtype=torch.uint8, device=device)
+    send = _carve(ws, at[0], send_shape, dtype)
+    out = _carve(ws, at[1], (b, h, d), dtype)
     out.copy_(outs[0])
-    pristine = out.clone()
-    send = workspace[:numel].view(n, b, h // n, d + p)
+    lse = lses[0].clone() if at[2] is None else _carve(ws, at[2], (b, h), torch.float32)
+    lse.copy_(lses[0])
+    pristine_out, pristine_lse = out.clone(), lse.clone()
     try:
-        impl.pack_send(out, lses[0], send, n, h // n, d, p)
+        impl.pack_send(out, lse, send, n, h // n, d, p)
     except ValueError:
-        assert torch.equal(raw_bits_t(out), raw_bits_t(pristine)), \
-            "pack_send raised, but only after it had overwritten out"
+        assert torch.equal(raw_bits_t(out), raw_bits_t(pristine_out)) and torch.equal(
+            raw_bits_t(lse), raw_bits_t(pristine_lse)), \
+            "pack_send raised, but only after it had overwritten its inputs"
         return
-    _assert_wire_equal(send, expected_send(pristine, lses[0], n))
+    _assert_wire_equal(send, expected_send(pristine_out, pristine_lse, n))
