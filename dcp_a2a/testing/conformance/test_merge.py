@@ -128,6 +128,19 @@ def test_group_of_one_is_a_pass_through(impl, device, dtype):
     assert (raw_bits(out) == before).all(), "lse_reduce modified its input"
 
 
+@pytest.mark.clause("exchange")  # overrides the module's clause
+@pytest.mark.parametrize("lse_dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_group_of_one_widens_a_16bit_lse(impl, device, lse_dtype):
+    """An LSE handed over in bf16/fp16 comes back as float32 (widened by value: exact), as it
+    does from a group of N: the dtype of the result never depends on the group's size."""
+    outs, lses = partials(1, 3, 4, 8, torch.bfloat16, seed=45, device=device)
+    lse16 = lses[0].to(lse_dtype)
+    got, got_lse = impl.lse_reduce(outs[0], lse16, _OneRank(), return_lse=True)
+    assert (raw_bits(got) == raw_bits(outs[0])).all(), "group of one changed the output"
+    assert got_lse.dtype == torch.float32, f"returned LSE is {got_lse.dtype}, not float32"
+    assert torch.equal(got_lse, lse16.to(torch.float32))
+
+
 @pytest.mark.clause("masking")  # overrides the module's clause
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_group_of_one_masks_empty_and_padding_rows(impl, device, dtype):
