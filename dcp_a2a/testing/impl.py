@@ -162,9 +162,19 @@ def load_impl(spec: str | None = None) -> Implementation:
     except ImportError as e:
         if spec in ALIASES:  # the adapter says what is missing
             raise ValueError(str(e)) from e
+        missing = getattr(e, "name", None)
+        if missing and not (mod_name == missing or mod_name.startswith(missing + ".")):
+            raise ValueError(f"implementation module {mod_name!r} was found, but importing it "
+                             f"failed: {e}") from e
         raise ValueError(f"cannot import implementation module {mod_name!r}: {e} (a module of "
                          "your own: run from its directory, put that on PYTHONPATH, or pass "
                          "the file, --impl path/to/adapter.py)") from e
+    except Exception as e:  # its own code raised while importing: a usage error, not a crash
+        import traceback
+
+        where = traceback.extract_tb(e.__traceback__)[-1]
+        raise ValueError(f"importing implementation module {mod_name!r} raised "
+                         f"{type(e).__name__}: {e} ({where.filename}:{where.lineno})") from e
     for part in filter(None, attr.split(".")):
         try:
             obj = getattr(obj, part)

@@ -222,3 +222,28 @@ def test_a_file_spec_is_loaded_from_its_directory(tmp_path, monkeypatch):
     assert child.returncode == 0, child.stderr
     with pytest.raises(ValueError, match="implementation file 'nowhere/x.py' does not exist"):
         impl_mod.load_impl("nowhere/x.py")
+
+
+@pytest.mark.parametrize("source, says", [
+    ('raise RuntimeError("CUDA driver too old")\n',
+     "importing implementation module 'broken_at_import' raised RuntimeError: CUDA driver too "
+     "old ("),
+    ("import no_such_dependency_xyz\n",
+     "implementation module 'broken_at_import' was found, but importing it failed: No module "
+     "named 'no_such_dependency_xyz'")])
+def test_an_implementation_that_fails_to_import_is_one_usage_error(tmp_path, monkeypatch, capsys,
+                                                                   source, says):
+    """Its own code raising at import (or a dependency it lacks) is named in one line, exit 2,
+    not a traceback from validate or an INTERNALERROR from pytest."""
+    from dcp_a2a.testing import cli
+
+    (tmp_path / "broken_at_import.py").write_text(source)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.setenv("PYTHONPATH", os.environ.get("PYTHONPATH", ""))
+    monkeypatch.delitem(sys.modules, "broken_at_import", raising=False)
+    code = cli.main(["validate", "--impl", "broken_at_import", "--quick", "--out",
+                     str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert code == 2 and says in err and "Traceback" not in err, err
+    assert not (tmp_path / "out" / "validation.json").exists()
