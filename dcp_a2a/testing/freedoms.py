@@ -84,7 +84,8 @@ class Freedoms(ReferenceContract):
     def _pack(self, out, lse, send, world_size, hpr, D, seq_lens, query_start_loc):
         super()._pack(out, lse, send, world_size, hpr, D, seq_lens, query_start_loc)
         empty = self.empty_rows(out.shape[0], seq_lens, query_start_loc, out.device)
-        send[:, empty, :, :D] = 0
+        # masked_fill, not boolean indexing: no host sync, so it can be captured in a graph
+        send[..., :D].masked_fill_(empty[None, :, None, None], 0)
 
     # ------------------------------------------------------------ explicit even splits
     def exchange(self, send, group):
