@@ -109,12 +109,21 @@ def _call(impl, group, out, lse):
     return impl.lse_reduce(out, lse, group, return_lse=True)
 
 
+_TICKS: list = []  # see _capture
+
+
 def _capture(fn, pool=None):
     fn()  # warm up outside the capture (compiles, communicator set-up)
     torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()
+    # one node of the scenario's own: an implementation that passes a group of one straight
+    # through (as engines do) captures nothing, and torch only warns about an empty graph.
+    # The tick is kept for good: a replay writes it, so its memory must never be reused.
+    tick = torch.zeros(1, device=torch.cuda.current_device())
+    _TICKS.append(tick)
     with torch.cuda.graph(g, pool=pool):
         res = fn()
+        tick.add_(1)
     return g, res
 
 
