@@ -40,6 +40,7 @@ class Scenario:
     masked: bool = False
     seed: int = 0
     ranks: tuple = ()  # the group's global ranks (sorted); () is ranks 0..n-1
+    backend: str | None = None  # dcp_a2a's own backend= (run for the project's code only)
 
     @property
     def members(self) -> tuple:
@@ -56,6 +57,9 @@ SCENARIOS = [
     # rank): here group rank 0 is global rank 1, so rank_in_group and the global rank differ
     Scenario("n2_of_ranks_1_2_float16_base_2", 2, torch.float16, h=4, d=24, base_e=False,
              seed=8, ranks=(1, 2)),
+    # dcp_a2a's other exchanges on that group: ag_rs weights the local output by the group rank
+    *(Scenario(f"n2_of_ranks_1_2_bfloat16_{b}", 2, torch.bfloat16, h=4, d=24, seed=9,
+               ranks=(1, 2), backend=b) for b in ("two_collective", "ag_rs")),
     Scenario("n3_empty_shards_and_padding", 3, torch.float16, b=5, masked=True, seed=5),
     Scenario("n3_batch_of_zero", 3, torch.float16, b=0, seed=6),
     Scenario("n3_heads_not_divisible", 3, torch.float16, h=4, seed=7),
@@ -121,7 +125,7 @@ def _rank_main(rank: int, init_file: str, out_dir: str, spec: str, device_type: 
     try:
         impl = load_impl(spec)
         for sc in SCENARIOS:
-            if rank not in sc.members:
+            if rank not in sc.members or (sc.backend and not impl.is_project):
                 continue
             me = sc.members.index(rank)  # this process's rank in the DCP group
             outs, lses, seq_lens, qsl, _ = scenario_inputs(sc)
@@ -130,6 +134,8 @@ def _rank_main(rank: int, init_file: str, out_dir: str, spec: str, device_type: 
             lse_before = lse.clone()
             mask = {} if seq_lens is None else dict(seq_lens=seq_lens[me].to(device),
                                                     query_start_loc=qsl.to(device))
+            if sc.backend:
+                mask["backend"] = sc.backend
             t0 = time.time()
             try:
                 res = impl.lse_reduce(out, lse, DcpGroup(sc.n, me, groups[sc.members]),

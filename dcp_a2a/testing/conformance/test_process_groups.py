@@ -52,12 +52,25 @@ def _rank_record(group_results, sc, r):
     return rec
 
 
-MERGES = [s.name for s in SCENARIOS if s.h % s.n == 0]
+MERGES = [s.name for s in SCENARIOS if s.h % s.n == 0 and not s.backend]
+BACKENDS = [s.name for s in SCENARIOS if s.backend]
 
 
 @pytest.mark.parametrize("name", MERGES)
 def test_every_rank_gets_the_merge_of_its_heads(impl, group_results, merge_check, name):
-    sc = BY_NAME[name]
+    _check_merges(group_results, merge_check, BY_NAME[name])
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+def test_the_projects_other_exchanges_on_a_group_not_at_rank_0(impl, project_only,
+                                                               group_results, merge_check,
+                                                               name):
+    """dcp_a2a's two_collective and ag_rs backends on global ranks {1, 2} of 3 (ag_rs weights
+    this rank's output by its rank in the group, never the global one)."""
+    _check_merges(group_results, merge_check, BY_NAME[name])
+
+
+def _check_merges(group_results, merge_check, sc):
     outs, _, _, _, seen = scenario_inputs(sc)
     for r in range(sc.n):
         rec = _rank_record(group_results, sc, r)
@@ -72,7 +85,8 @@ def test_every_rank_gets_the_merge_of_its_heads(impl, group_results, merge_check
             continue
         try:
             merge_check(out, lse, outs, seen, is_lse_base_on_e=sc.base_e,
-                        heads=heads_of(r, sc.n, sc.h))
+                        heads=heads_of(r, sc.n, sc.h),
+                        kind="ag_rs" if sc.backend == "ag_rs" else "a2a")  # its own bound
         except AssertionError as e:
             raise AssertionError(f"rank {r} of {sc.n}: {e}") from None
         assert rec["inputs_untouched"], f"rank {r}: lse_reduce modified its out/lse"
