@@ -1,7 +1,8 @@
 """A correct implementation that takes every freedom the contract leaves, all at once: the
 self-check runs it beside the reference contract, and the conformance tier must pass it. It is
-the guard against a suite that goes red on correct code (each freedom below once failed tests
-that a correct engine would have failed too, before the tests were fixed).
+the guard against a suite that goes red on correct code (at a8d327e it failed 29 conformance
+tests: refusals worded otherwise, the group validated first, masked rows zeroed; each of those
+tests was fixed to judge what the contract says).
 
 Where it differs from :class:`dcp_a2a.reference.contract.ReferenceContract`:
 
