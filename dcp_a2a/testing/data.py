@@ -31,6 +31,21 @@ def poison_like(t: torch.Tensor) -> torch.Tensor:
     return torch.full_like(t, -0x5A5A)
 
 
+def snapshot(**tensors) -> dict:
+    """{name: (tensor, copy)} of the caller's tensors (None skipped), taken before a call that
+    must give them back unchanged: :func:`modified` names those it changed."""
+    return {k: (t, t.detach().clone()) for k, t in tensors.items()
+            if isinstance(t, torch.Tensor)}
+
+
+def modified(snap: dict) -> list[str]:
+    """Names of the :func:`snapshot` tensors whose bits changed (compared as integers, so a NaN
+    left in place counts as unchanged and a -0.0 written over 0.0 as changed)."""
+    def bits(t):
+        return bits_view(t) if t.dtype.is_floating_point else t
+    return [k for k, (t, before) in snap.items() if not torch.equal(bits(t), bits(before))]
+
+
 def bits_view(t: torch.Tensor) -> torch.Tensor:
     return t.view({2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()])
 

@@ -12,21 +12,28 @@ from __future__ import annotations
 import torch
 
 from ..inprocess import all_to_all
-from .data import heads_of, poison_like
+from .data import heads_of, modified, poison_like, snapshot
 
 
 def pack_all(impl, outs, lses, *, seq_lens=None, query_start_loc=None):
     """Send buffers ``[N, B, H/N, D+P]`` of every rank, each poisoned before the kernel writes
-    it. ``seq_lens`` is None or one tensor per rank."""
+    it. ``seq_lens`` is None or one tensor per rank. Every tensor a rank hands to pack_send
+    (out, lse, seq_lens, query_start_loc: the engine still owns them) must come back unchanged."""
     n, b, h, d = outs.shape
     p = impl.lse_pack_dim(outs.dtype)
     sends = []
     for r in range(n):
         send = poison_like(torch.empty((n, b, h // n, d + p), dtype=outs.dtype,
                                        device=outs.device))
-        impl.pack_send(outs[r], lses[r], send, n, h // n, d, p,
-                       seq_lens=None if seq_lens is None else seq_lens[r],
-                       query_start_loc=query_start_loc)
+        args = dict(out=outs[r], lse=lses[r],
+                    seq_lens=None if seq_lens is None else seq_lens[r],
+                    query_start_loc=query_start_loc)
+        before = snapshot(**args)
+        impl.pack_send(args.pop("out"), args.pop("lse"), send, n, h // n, d, p, **args)
+        changed = modified(before)
+        if changed:
+            raise AssertionError(f"rank {r}: pack_send modified the caller's "
+                                 f"{', '.join(changed)}")
         sends.append(send)
     return sends
 

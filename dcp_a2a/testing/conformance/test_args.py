@@ -3,14 +3,16 @@ the problem, before any kernel launch or collective."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
 from dcp_a2a import Group
 from dcp_a2a.testing.conformance._refusals import (HEAD_DIM_WORDS, NOT_DIVISIBLE_WORDS,
                                                    PACK_DIM_WORDS, TripwireGroup, dtype_words,
-                                                   refused)
-from dcp_a2a.testing.data import partials
+                                                   names_the_problem, refused)
+from dcp_a2a.testing.conformance._spec import expected_send, raw_bits
+from dcp_a2a.testing.data import partials, poison_like
 
 pytestmark = [pytest.mark.unit, pytest.mark.conformance, pytest.mark.clause("bad input")]
 
@@ -56,16 +58,33 @@ def test_pack_rejects_heads_not_divisible(impl):
         impl.pack_send(**a)
 
 
-@pytest.mark.parametrize("case", ["lse_shape", "send_shape", "send_dtype", "head_dim",
-                                  "pack_dim", "send_device", "seq_lens_alone", "qsl_alone"])
+@pytest.mark.parametrize("case", ["lse_shape", "out_4d", "send_shape", "send_rows",
+                                  "send_peers", "h_per_rank", "send_dtype", "head_dim",
+                                  "pack_dim", "send_device", "seq_lens_alone", "qsl_alone",
+                                  "qsl_length"])
 def test_pack_rejects_inconsistent(impl, case):
+    """Arguments that contradict each other are refused, never resolved by trusting one of them:
+    a kernel sized by one and indexing by another truncates, overruns or sends rows it never
+    wrote."""
     a = _pack_args()
     if case == "lse_shape":
         a["lse"] = a["lse"][:, :3]
         match = "lse"
+    elif case == "out_4d":  # [B, q, H, D] handed over where [B, H, D] is expected
+        a["out"], a["lse"] = a["out"][:, None], a["lse"][:, None]
+        match = r"\bout\b|3-?D|dim|shape"
     elif case == "send_shape":
         a["send"] = torch.empty((2, 2, 2, 9), dtype=torch.float16)
         match = "send"
+    elif case == "send_rows":  # room for 3 rows, 2 to pack
+        a["send"] = torch.empty((2, 3, 2, 10), dtype=torch.float16)
+        match = "send"
+    elif case == "send_peers":  # 4 peer slices for a group of 2
+        a["send"] = torch.empty((4, 2, 2, 10), dtype=torch.float16)
+        match = "send"
+    elif case == "h_per_rank":  # H/N = 2
+        a["h_per_rank"] = 1
+        match = r"h_per_rank|per.rank|H/N|heads"
     elif case == "send_dtype":
         a["send"] = a["send"].to(torch.bfloat16)
         match = "send|dtype"
@@ -81,11 +100,34 @@ def test_pack_rejects_inconsistent(impl, case):
     elif case == "seq_lens_alone":
         a["seq_lens"] = torch.ones(2, dtype=torch.int32)
         match = "query_start_loc"
-    else:
+    elif case == "qsl_alone":
         a["query_start_loc"] = torch.tensor([0, 1, 2], dtype=torch.int32)
         match = "seq_lens"
+    else:  # two requests need three offsets
+        a["seq_lens"] = torch.ones(2, dtype=torch.int32)
+        a["query_start_loc"] = torch.tensor([0, 1], dtype=torch.int32)
+        match = "query_start_loc|seq_lens"
     with refused(match):
         impl.pack_send(**a)
+
+
+@pytest.mark.parametrize("lse_dtype", [torch.float64, torch.int32], ids=str)
+def test_pack_refuses_or_converts_an_lse_of_another_dtype(impl, lse_dtype):
+    """An LSE in a dtype the contract does not list is refused (a ValueError/TypeError naming
+    it or the LSE) or converted by value, never read as float32 bits (the class of the bf16 LSE
+    reinterpreted as float32)."""
+    a = _pack_args(dtype=torch.float32)
+    a["lse"] = a["lse"].round().to(lse_dtype)  # values float32 holds exactly
+    a["send"] = poison_like(a["send"])
+    try:
+        impl.pack_send(**a)
+    except (ValueError, TypeError) as e:
+        assert names_the_problem(str(e), dtype_words(lse_dtype) + r"|\blse\b"), \
+            f"refused, but the message does not name the LSE or its dtype: {e}"
+        return
+    want = expected_send(a["out"], a["lse"].to(torch.float32), a["world_size"])
+    assert np.array_equal(raw_bits(a["send"]), want), \
+        f"an LSE in {lse_dtype} was accepted but not converted by value"
 
 
 @pytest.mark.parametrize("case", ["last_dim", "dtype", "pack_dim", "rank"])

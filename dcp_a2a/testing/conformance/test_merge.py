@@ -17,7 +17,7 @@ from dcp_a2a.testing.data import DTYPES, partials
 from dcp_a2a.testing.conformance._refusals import (NOT_DIVISIBLE_WORDS, TripwireGroup,
                                                    dtype_words, refused)
 from dcp_a2a.testing.conformance._spec import build_recv, pack_dim, raw_bits
-from dcp_a2a.testing.data import heads_of
+from dcp_a2a.testing.data import heads_of, modified, snapshot
 
 pytestmark = [pytest.mark.conformance, pytest.mark.clause("merge bound")]
 
@@ -153,8 +153,10 @@ def test_group_of_one_masks_empty_and_padding_rows(impl, device, dtype):
     seq_lens = torch.tensor([5, 0, 9], dtype=torch.int64, device=device)  # rows 1, 2: no KV
     out[1:3], lse[1:3] = math.nan, 1e30
     out[4:], lse[4:] = math.nan, 50.0
+    before = snapshot(out=out, lse=lse, seq_lens=seq_lens, query_start_loc=qsl)
     got, got_lse = impl.lse_reduce(out, lse, _OneRank(), return_lse=True, seq_lens=seq_lens,
                                    query_start_loc=qsl)
+    assert not modified(before), f"lse_reduce modified the caller's {modified(before)}"
     for row in (1, 2, 4, 5):
         assert torch.all(got[row] == 0), f"masked row {row} produced {got[row].flatten()[:4]}"
         assert torch.all(got_lse[row] == -math.inf)

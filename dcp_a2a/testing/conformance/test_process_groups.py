@@ -89,7 +89,8 @@ def _check_merges(group_results, merge_check, sc):
                         kind="ag_rs" if sc.backend == "ag_rs" else "a2a")  # its own bound
         except AssertionError as e:
             raise AssertionError(f"rank {r} of {sc.n}: {e}") from None
-        assert rec["inputs_untouched"], f"rank {r}: lse_reduce modified its out/lse"
+        assert not rec["inputs_modified"], \
+            f"rank {r}: lse_reduce modified the caller's {', '.join(rec['inputs_modified'])}"
 
 
 @pytest.mark.clause("bad input")  # overrides the module's clause
