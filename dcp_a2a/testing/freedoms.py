@@ -9,6 +9,8 @@ Where it differs from :class:`dcp_a2a.reference.contract.ReferenceContract`:
 * refusals in other words: "cannot be split evenly", "head dim", "fp8", "double precision", and a
   ``TypeError`` for a dtype that is not floating point;
 * a group of one returns its inputs themselves (without masks, for a float32 LSE);
+* strided ``out``/``lse`` refused with a ValueError naming them; a float64 LSE converted by
+  value (the reference refuses it);
 * the group validated first: ``device_group`` must be a ``torch.distributed.ProcessGroup`` of the
   group's size in which this process has ``rank_in_group`` (a ``TypeError`` otherwise);
 * masked rows sent with zeroed output lanes (the contract leaves them unspecified);
@@ -54,6 +56,18 @@ class Freedoms(ReferenceContract):
                              f"{out.shape[2]}")
         super().pack_send(out, lse, send, world_size, h_per_rank, head_dim, lse_pack_dim,
                           seq_lens, query_start_loc)
+
+    # ------------------------------------------------------------ what it takes as input
+    def check_out_lse(self, out, lse):
+        """Strided out/lse refused (its kernels would index contiguous rows); a float64 LSE
+        taken and converted by value (``lse_to_fp32``)."""
+        if isinstance(out, torch.Tensor) and isinstance(lse, torch.Tensor):
+            for name, t in (("out", out), ("lse", lse)):
+                if not t.is_contiguous():
+                    raise ValueError(f"{name} must be contiguous, got strides {t.stride()}")
+            if lse.dtype == torch.float64:
+                lse = lse.to(torch.float32)
+        return super().check_out_lse(out, lse)
 
     # ------------------------------------------------------------ the group, first
     def check_group(self, group):

@@ -23,6 +23,7 @@ import torch.distributed as dist
 NOT_DIVISIBLE_WORDS = r"divisib|divide|multiple of|evenly|split"
 HEAD_DIM_WORDS = r"head_?dim|head dim|head_size|head size"
 PACK_DIM_WORDS = r"lse_pack_dim|pack_?dim|pack dim|lanes?\b"
+STRIDE_WORDS = r"contiguous|strided|strides?\b|\bout\b|\blse\b"
 
 
 def dtype_words(dtype: torch.dtype) -> str:
@@ -44,6 +45,19 @@ def refused(words: str, *, dtype_problem: bool = False):
 
 def names_the_problem(message: str, words: str) -> bool:
     return re.search(words, message, re.IGNORECASE) is not None
+
+
+def refused_instead(call, words: str) -> bool:
+    """Run ``call()`` on input the contract lets an implementation either handle or refuse:
+    True when it refused (a ValueError/TypeError that must match ``words``), False when it
+    returned (the test then checks the result). Any other exception propagates."""
+    try:
+        call()
+    except (ValueError, TypeError) as e:
+        assert names_the_problem(str(e), words), \
+            f"refused with a message that does not name the problem ({words}): {e}"
+        return True
+    return False
 
 
 _COLLECTIVES = ("all_to_all_single", "alltoall_base", "alltoall", "allgather", "_allgather_base",

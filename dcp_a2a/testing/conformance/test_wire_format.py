@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from dcp_a2a.testing.data import DTYPES, modified, partials, poison_like, snapshot
+from dcp_a2a.testing.conformance._refusals import STRIDE_WORDS, refused_instead
 from dcp_a2a.testing.conformance._spec import expected_send, pack_dim, raw_bits
 
 pytestmark = [pytest.mark.conformance, pytest.mark.clause("wire format")]
@@ -109,17 +110,63 @@ def test_masked_rows_go_out_as_minus_inf(impl, device, dtype):
                        masked_rows=empty)
 
 
+def _rows_by_request(query_lens, seq_lens, padding):
+    """(query_start_loc, masked rows) of a batch, the mask read off the spec's words row by
+    row: row b belongs to the request i with qsl[i] <= b < qsl[i+1]; it is masked when that
+    request's seq_len is 0 or when no request holds it (padding)."""
+    qsl = [0]
+    for q in query_lens:
+        qsl.append(qsl[-1] + q)
+    masked = []
+    for b in range(qsl[-1] + padding):
+        owner = [i for i in range(len(query_lens)) if qsl[i] <= b < qsl[i + 1]]
+        masked.append(not owner or seq_lens[owner[0]] == 0)
+    return qsl, masked
+
+
+# (query rows per request, local seq_len per request, padding rows). A row of a request with
+# ONE local KV token is not empty; a batch of one request, or of none, is a batch; many
+# requests (some with no rows) make a row's request a search of several steps.
+BATCHES = {
+    "one_request": ([3], [1], 2),
+    "no_request": ([], [], 3),
+    "single_tokens": ([1, 1, 1, 1, 1], [1, 0, 2, 1, 0], 1),
+    "many_requests": ([2, 0, 1, 3, 1, 0, 2, 1, 1, 4, 1, 2, 1, 1, 3, 1, 1],
+                      [9, 4, 0, 1, 3, 0, 7, 0, 1, 2, 0, 5, 1, 0, 6, 2, 1], 3),
+}
+
+
+@pytest.mark.clause("masking")  # overrides the module's clause
+@pytest.mark.parametrize("batch", list(BATCHES))
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_masking_follows_every_row_to_its_request(impl, device, dtype, batch):
+    """Rows map to requests through query_start_loc for any batch layout: one request, none,
+    one row each, and 17 requests of 0-4 rows (a request search that stops a step early, a
+    mask of seq_len <= 1, or a batch of one treated as padding all mark the wrong rows)."""
+    query_lens, lens, padding = BATCHES[batch]
+    qsl, masked = _rows_by_request(query_lens, lens, padding)
+    n, h, d = 2, 2, 3
+    outs, lses = partials(1, len(masked), h, d, dtype, seed=len(masked), device=device)
+    mask = dict(seq_lens=torch.tensor(lens, dtype=torch.int32, device=device),
+                query_start_loc=torch.tensor(qsl, dtype=torch.int32, device=device))
+    send = _pack(impl, outs[0], lses[0], n, **mask)
+    _assert_wire_equal(send, expected_send(outs[0], lses[0], n, empty_rows=masked),
+                       masked_rows=masked)
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_non_contiguous_inputs(impl, device, dtype):
     """Strided out/lse (a head slice of a larger tensor, a transposed LSE) are read through
-    their strides."""
+    their strides, or refused with an error naming them (never read as if contiguous)."""
     n, b, h, d = 2, 3, 4, 16
     outs, lses = partials(1, b, 2 * h, d + 5, dtype, seed=13, device=device)
     out = outs[0][:, ::2, 3:3 + d]
     lse = lses[0].t().contiguous().t()[:, 1::2]
     assert not out.is_contiguous() and not lse.is_contiguous()
-    send = _pack(impl, out, lse, n)
-    _assert_wire_equal(send, expected_send(out, lse, n))
+    sent = []
+    if refused_instead(lambda: sent.append(_pack(impl, out, lse, n)), STRIDE_WORDS):
+        return
+    _assert_wire_equal(sent[0], expected_send(out, lse, n))
 
 
 # Where the send buffer lies relative to the tensors it packs, in bytes of one workspace (every
