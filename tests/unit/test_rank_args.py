@@ -85,3 +85,11 @@ def test_symm_mem_buffers_refuse_a_rank_outside_the_group():
     with pytest.raises(ValueError, match="rank_in_group=2 is not below world_size=2"):
         dcp_a2a.SymmMemBuffers(group, max_tokens=1, num_heads=4, head_dim=8,
                                dtype=torch.float32)
+
+
+def test_lse_reduce_in_process_counts_lses_and_buffers_per_rank():
+    outs, lses = [torch.zeros(2, 4, 8)] * 2, [torch.zeros(2, 4)] * 2
+    with pytest.raises(ValueError, match="got 2 outputs but 1 LSEs"):
+        lse_reduce_in_process(outs, lses[:1])
+    with pytest.raises(ValueError, match="2 ranks' partials but 3 ranks' buffers"):
+        lse_reduce_in_process(outs, lses, buffers=[None] * 3)

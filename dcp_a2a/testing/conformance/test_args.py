@@ -60,8 +60,8 @@ def test_pack_rejects_heads_not_divisible(impl):
 
 @pytest.mark.parametrize("case", ["lse_shape", "out_4d", "send_shape", "send_rows",
                                   "send_peers", "h_per_rank", "send_dtype", "head_dim",
-                                  "pack_dim", "send_device", "seq_lens_alone", "qsl_alone",
-                                  "qsl_length"])
+                                  "pack_dim", "send_device", "seq_lens_device",
+                                  "seq_lens_alone", "qsl_alone", "qsl_length"])
 def test_pack_rejects_inconsistent(impl, case):
     """Arguments that contradict each other are refused, never resolved by trusting one of them:
     a kernel sized by one and indexing by another truncates, overruns or sends rows it never
@@ -70,8 +70,8 @@ def test_pack_rejects_inconsistent(impl, case):
     if case == "lse_shape":
         a["lse"] = a["lse"][:, :3]
         match = "lse"
-    elif case == "out_4d":  # [B, q, H, D] handed over where [B, H, D] is expected
-        a["out"], a["lse"] = a["out"][:, None], a["lse"][:, None]
+    elif case == "out_4d":  # [B, q, H, D] with an lse [B, q] that matches its first dims
+        a["out"], a["lse"] = a["out"][:, None], a["lse"][:, :1].contiguous()
         match = r"\bout\b|3-?D|dim|shape"
     elif case == "send_shape":
         a["send"] = torch.empty((2, 2, 2, 9), dtype=torch.float16)
@@ -100,6 +100,10 @@ def test_pack_rejects_inconsistent(impl, case):
     elif case == "seq_lens_alone":
         a["seq_lens"] = torch.ones(2, dtype=torch.int32)
         match = "query_start_loc"
+    elif case == "seq_lens_device":
+        a["seq_lens"] = torch.ones(2, dtype=torch.int32, device="meta")
+        a["query_start_loc"] = torch.tensor([0, 1, 2], dtype=torch.int32)
+        match = "device|seq_lens"
     elif case == "qsl_alone":
         a["query_start_loc"] = torch.tensor([0, 1, 2], dtype=torch.int32)
         match = "seq_lens"
@@ -109,6 +113,40 @@ def test_pack_rejects_inconsistent(impl, case):
         match = "query_start_loc|seq_lens"
     with refused(match):
         impl.pack_send(**a)
+
+
+def test_pack_refuses_or_fills_a_strided_send_buffer(impl):
+    """The send buffer is the wire buffer of a collective, which sends its memory in order: a
+    strided one is refused (an error naming it) or filled through its strides, never written as
+    if contiguous from its data pointer."""
+    a = _pack_args(dtype=torch.float32)
+    big = poison_like(torch.empty(2, 2, 2, 2 * 9, dtype=torch.float32))
+    a["send"] = big[..., ::2]  # every other element of a larger buffer
+    assert not a["send"].is_contiguous()
+    if refused_instead(lambda: impl.pack_send(**a), r"send|contiguous|strides?\b"):
+        return
+    want = expected_send(a["out"], a["lse"], a["world_size"])
+    assert np.array_equal(raw_bits(a["send"]), want), "a strided send buffer was misfilled"
+
+
+@pytest.mark.parametrize("case", ["float32", "int16", "2d"])
+def test_pack_refuses_or_reads_seq_lens_of_another_form(impl, case):
+    """seq_lens as float32 or int16 values, or shaped [R, 1]: refused naming seq_lens or its
+    dtype/shape, or read by value (the masked rows right), never misread as int32 words."""
+    a = _pack_args(b=3, dtype=torch.float32)
+    lens = torch.tensor([4, 0, 7])
+    a["seq_lens"] = {"float32": lens.float(), "int16": lens.to(torch.int16),
+                     "2d": lens.to(torch.int32)[:, None]}[case]
+    a["query_start_loc"] = torch.tensor([0, 1, 2, 3], dtype=torch.int32)
+    a["send"] = poison_like(a["send"])
+    words = r"seq_lens|dtype|int32|int64|1-?D|shape|dim"
+    if refused_instead(lambda: impl.pack_send(**a), words):
+        return
+    masked = [False, True, False]
+    got = raw_bits(a["send"])
+    want = expected_send(a["out"], a["lse"], a["world_size"], empty_rows=masked)
+    assert np.array_equal(got[:, :, :, -1], want[:, :, :, -1]), \
+        f"seq_lens as {case} accepted but the wrong rows masked"
 
 
 @pytest.mark.parametrize("lse_dtype", [torch.float64, torch.int32], ids=str)
