@@ -125,6 +125,16 @@ def _put_on_path(directory: str) -> None:
         os.environ["PYTHONPATH"] = os.pathsep.join([d] + parts)
 
 
+def _path_from_environment() -> None:
+    """Every ``$PYTHONPATH`` entry on this process's sys.path. A process that started before its
+    parent put an --impl file's directory there, but inherits the variable later, needs this:
+    pytest-xdist's workers are such processes (their sys.path is fixed before the controller's
+    pytest_configure runs)."""
+    for d in reversed([p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]):
+        if d not in sys.path:
+            sys.path.insert(0, d)
+
+
 def importable(spec: str) -> str:
     """``spec`` in module form, its module importable here and in the processes started from
     here: ``path/to/adapter.py[:attr]`` becomes ``adapter[:attr]`` with its directory on the
@@ -156,6 +166,7 @@ def load_impl(spec: str | None = None) -> Implementation:
         raise ValueError("the implementation spec is empty: name it as package.module[:attr]")
     if spec not in ALIASES:
         spec = importable(spec)
+        _path_from_environment()
     mod_name, _, attr = ALIASES.get(spec, spec).partition(":")
     try:
         obj = importlib.import_module(mod_name)

@@ -224,6 +224,19 @@ def test_a_file_spec_is_loaded_from_its_directory(tmp_path, monkeypatch):
         impl_mod.load_impl("nowhere/x.py")
 
 
+def test_a_worker_that_inherits_the_path_late_imports_the_file_module(tmp_path, monkeypatch):
+    """An xdist worker gets the module form and the controller's PYTHONPATH, but its sys.path
+    was fixed before the controller put the file's directory there (``pytest -n 2 --impl
+    path/to/adapter.py`` failed every test with "No module named 'adapter'")."""
+    from dcp_a2a.testing import impl as impl_mod
+
+    (tmp_path / "late_adapter.py").write_text(ADAPTER)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p != str(tmp_path)])
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    monkeypatch.chdir("/")
+    assert impl_mod.load_impl("late_adapter").missing() == []
+
+
 @pytest.mark.parametrize("source, says", [
     ('raise RuntimeError("CUDA driver too old")\n',
      "importing implementation module 'broken_at_import' raised RuntimeError: CUDA driver too "
