@@ -32,10 +32,21 @@ def test_cpu_machine_runs_cpu_tiers_and_names_the_rest():
     assert p["e2e"] == (False, "not requested (pass --evals)")
 
 
-@pytest.mark.parametrize("n_gpu,gpu,multigpu", [(1, True, False), (4, True, True)])
+@pytest.mark.parametrize("n_gpu,gpu,multigpu", [(1, True, False), (2, True, True),
+                                                (4, True, True)])
 def test_gpu_machines(n_gpu, gpu, multigpu):
     p = runs(val.plan_tiers(machine(n_gpu, cuda="12.8"), None, evals=True))
     assert (p["gpu"][0], p["multigpu"][0], p["e2e"][0]) == (gpu, multigpu, True)
+
+
+@pytest.mark.parametrize("dist", [{"available": False, "gloo": False, "nccl": False},
+                                  {"available": True, "gloo": False, "nccl": False}],
+                         ids=["no_distributed", "no_backend"])
+def test_multiproc_needs_a_process_group_backend(dist):
+    p = runs(val.plan_tiers(machine() | {"distributed": dist}, None, evals=False))
+    assert p["multiproc"] == (False, "torch.distributed has no gloo/nccl backend in this torch "
+                                     "build")
+    assert p["unit"][0] and p["conformance"][0]
 
 
 def test_gpu_tiers_never_pass_on_the_interpreter():
