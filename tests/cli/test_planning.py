@@ -106,9 +106,10 @@ def test_statuses_and_headroom():
     records = [
         rec("a", "passed", ["unit"]),
         rec("b", "error", ["kernel", "conformance"], [mr("float16", 0.5)]),
-        rec("c", "passed", ["kernel"], [mr("float16", math.inf)]),
+        rec("c", "passed", ["kernel"], [mr("float16", math.inf)], duration=2.5),
         rec("d", "skipped", ["numerics"], text="no scipy"),
-        rec("e", "xfailed", ["numerics"]),
+        rec("e", "xfailed", ["numerics"], text="the carved design\nits traceback"),
+        rec("f", "xpassed", ["unit"]),
     ]
     s = {t.name: t for t in val.summarise_tiers(plans, records, [])}
     assert (s["unit"].status, s["kernel"].status, s["conformance"].status) == (
@@ -118,6 +119,14 @@ def test_statuses_and_headroom():
     assert s["numerics"].status == "skipped" and s["numerics"].reason == "no scipy"
     assert s["multiproc"].status == "no tests"
     assert s["gpu"].status == "not run" and s["gpu"].cases == 0
+    assert (s["kernel"].time_s, s["unit"].time_s, s["gpu"].time_s) == (3.5, 2.0, 0.0)
+    assert (s["kernel"].merge_checks, s["conformance"].merge_checks) == (2, 1)
+    assert s["kernel"].worst_case["nodeid"] == "c"
+    assert s["kernel"].worst_case["max_ulp_err"] == math.inf
+    n, u = s["numerics"], s["unit"]
+    assert (n.cases, n.skipped, n.xfailed, n.passed) == (2, 1, 1, 0)
+    assert n.skip_reasons == {"no scipy": 1} and n.xfail_reasons == {"the carved design": 1}
+    assert (u.cases, u.passed, u.xpassed, u.xfailed) == (2, 1, 1, 0)
 
 
 def test_exact_results_have_infinite_headroom():
