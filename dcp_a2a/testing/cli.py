@@ -287,6 +287,8 @@ def run_problem(result) -> str | None:
     why = names.get(code, f"exit status {code}")
     if code == 1 and not failed:
         why = "pytest reported a failure that no test record shows"
+    if code == 0 and failed:
+        why = "pytest reported success but a test record shows a failure"
     return why
 
 

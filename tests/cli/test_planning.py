@@ -185,9 +185,15 @@ class _Res:
 def test_run_problems():
     assert run_problem(_Res(0, [rec("a", "passed", [])])) is None
     assert run_problem(_Res(1, [rec("a", "failed", [])])) is None
-    assert run_problem(_Res(1, [rec("a", "passed", [])])) is not None
-    assert run_problem(_Res(4, [])) == "usage error"
-    assert run_problem(_Res(0, [], session=False)) is not None
+    assert run_problem(_Res(1, [rec("a", "passed", [])])) == \
+        "pytest reported a failure that no test record shows"
+    assert run_problem(_Res(0, [rec("a", "error", [])])) == \
+        "pytest reported success but a test record shows a failure"
+    assert [run_problem(_Res(c, [])) for c in (2, 3, 4, 5)] == [
+        "interrupted", "internal error", "usage error", None]
+    assert run_problem(_Res(0, [], session=False)) == "ended without a session record"
+    assert run_problem(_Res(-9, [], session=False)) == \
+        "the pytest process died (exit status -9) before the session ended"
 
 
 def test_eval_jobs_name_what_is_missing(tmp_path):
@@ -308,3 +314,11 @@ def test_times_never_show_60_seconds(seconds, shown):
     from dcp_a2a.testing import report as rep
 
     assert rep.fmt_time(seconds) == shown
+
+
+def test_totals_count_every_outcome_and_sum_the_time():
+    records = [rec("a", "passed", ["unit"], duration=1.5), rec("b", "failed", ["unit"]),
+               rec("c", "passed", ["kernel"], duration=None), rec("d", "xfailed", ["unit"])]
+    t = val.totals(records)
+    assert (t["cases"], t["passed"], t["failed"], t["xfailed"], t["skipped"]) == (4, 2, 1, 1, 0)
+    assert t["test_time_s"] == 3.5
