@@ -129,8 +129,10 @@ def _markdown_and_machine_info(failing_run):
 
 @pytest.mark.slow
 def test_quick_subset_and_passing_exit(tmp_path, capsys):
-    code, rep, out = _validate(tmp_path, "--quick", "--tiers", "unit,kernel", failing=False)
+    code, rep, out = _validate(tmp_path, "--quick", "--tiers", "unit,kernel", "--no-plots",
+                               failing=False)
     summary = capsys.readouterr().out
+    assert rep["dtypes"] and rep["paths"]["png"] == {} and not list(out.glob("*.png"))
     from dcp_a2a.testing.report import describe_devices
 
     devices = describe_devices(rep["machine"])  # "CPU (no CUDA GPU)" or "2 x NVIDIA H200"
