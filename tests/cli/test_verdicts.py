@@ -103,11 +103,14 @@ def test_a_partial_foreign_implementation_skips_what_it_lacks_and_reports_only_i
            f"`{tmp_path / 'partial_impl.py'}`; lacks lse_reduce" in md
 
 
-def test_evals_that_cannot_run_exit_3_with_the_true_reason(tmp_path):
-    """--evals asks for the model-level jobs: without a prepared model (an empty model cache)
-    they cannot run, which is exit status 3 with the reason, never a PASS."""
+@pytest.mark.parametrize("ask", [["--evals", "--tiers", "unit"], ["--tiers", "unit,e2e"]],
+                         ids=["evals", "tiers_e2e"])
+def test_evals_that_cannot_run_exit_3_with_the_true_reason(tmp_path, ask):
+    """--evals (or --tiers e2e, which implies it) asks for the model-level jobs: without a
+    prepared model (an empty model cache) they cannot run, which is exit status 3 with the
+    reason, never a PASS."""
     out = tmp_path / "report"
-    proc = _run(["validate", "--evals", "--tiers", "unit", "--gsm8k-dir", "/nonexistent",
+    proc = _run(["validate", *ask, "--gsm8k-dir", "/nonexistent",
                  "--no-plots", "--no-progress", "-j", "0", "--out", str(out), "--",
                  "dcp_a2a/testing/conformance/test_args.py", "-k", "test_lse_pack_dim"],
                 env={"DCP_A2A_MODEL_CACHE": str(tmp_path / "no-models"), "HOME": str(tmp_path)})
