@@ -226,3 +226,31 @@ def test_stall_timeout_must_be_seconds(bad, capsys):
     with pytest.raises(SystemExit) as e:
         cli.main(["validate", "--stall-timeout", bad])
     assert e.value.code == 2 and "--stall-timeout" in capsys.readouterr().err
+
+
+def test_ctrl_c_writes_a_partial_report_that_is_not_a_pass(tmp_path):
+    """SIGINT while a test runs (a user's Ctrl-C, a CI job cancelled): validate stops its pytest
+    session, writes the report of what finished marked interrupted, and exits 130."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    suite = write_suite(tmp_path / "suite", failing=False, hanging=True)
+    out = tmp_path / "report"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dcp_a2a", "validate", "--suite", str(suite), "--out", str(out),
+         "-j", "0", "--no-progress", "--no-plots", "--tiers", "kernel"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={k: v for k, v in os.environ.items() if k != "DCP_A2A_IMPL"})
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not any(
+            "test_that_hangs" in p.read_text() for p in out.rglob("*.results.jsonl")):
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == cli.EXIT_INTERRUPTED == 130, stdout[-2000:] + stderr[-2000:]
+    rep = json.loads((out / "validation.json").read_text())
+    assert rep["interrupted"] and not rep["ok"] and rep["exit_status"] == 130
+    assert "interrupted: writing a partial report" in stderr
