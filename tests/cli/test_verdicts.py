@@ -103,14 +103,11 @@ def test_a_partial_foreign_implementation_skips_what_it_lacks_and_reports_only_i
            f"`{tmp_path / 'partial_impl.py'}`; lacks lse_reduce" in md
 
 
-@pytest.mark.parametrize("ask", [["--evals", "--tiers", "unit"], ["--tiers", "unit,e2e"]],
-                         ids=["evals", "tiers_e2e"])
-def test_evals_that_cannot_run_exit_3_with_the_true_reason(tmp_path, ask):
-    """--evals (or --tiers e2e, which implies it) asks for the model-level jobs: without a
-    prepared model (an empty model cache) they cannot run, which is exit status 3 with the
-    reason, never a PASS."""
+def test_evals_that_cannot_run_exit_3_with_the_true_reason(tmp_path):
+    """--evals asks for the model-level jobs: without a prepared model (an empty model cache)
+    they cannot run, which is exit status 3 with the reason, never a PASS."""
     out = tmp_path / "report"
-    proc = _run(["validate", *ask, "--gsm8k-dir", "/nonexistent",
+    proc = _run(["validate", "--evals", "--tiers", "unit", "--gsm8k-dir", "/nonexistent",
                  "--no-plots", "--no-progress", "-j", "0", "--out", str(out), "--",
                  "dcp_a2a/testing/conformance/test_args.py", "-k", "test_lse_pack_dim"],
                 env={"DCP_A2A_MODEL_CACHE": str(tmp_path / "no-models"), "HOME": str(tmp_path)})
@@ -125,6 +122,24 @@ def test_evals_that_cannot_run_exit_3_with_the_true_reason(tmp_path, ask):
             "not installed" in e["reason"], e
     assert "asked for but cannot run here: evals:logit_parity, evals:gsm8k" in proc.stdout
     assert "PASS" not in proc.stdout.splitlines()[-1]
+
+
+def test_asking_for_the_e2e_tier_asks_for_the_evals(tmp_path, monkeypatch):
+    """``--tiers e2e`` without ``--evals`` plans the model-level jobs as ``--evals`` does (the
+    run of the exit-3 test above, in this form, is the same): the plan is checked in process."""
+    from dcp_a2a.testing import cli
+    from dcp_a2a.testing import validate as val
+
+    asked = []
+
+    def plan_tiers(machine, requested, evals, quick=False):
+        asked.append((requested, evals))
+        raise KeyboardInterrupt  # stop before anything runs
+
+    monkeypatch.setattr(val, "plan_tiers", plan_tiers)
+    with pytest.raises(KeyboardInterrupt):
+        cli.main(["validate", "--tiers", "unit,e2e", "--out", str(tmp_path)])
+    assert asked == [(["unit", "e2e"], True)]
 
 
 @pytest.mark.parametrize("args, named", [
