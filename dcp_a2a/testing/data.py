@@ -46,6 +46,13 @@ def modified(snap: dict) -> list[str]:
     return [k for k, (t, before) in snap.items() if not torch.equal(bits(t), bits(before))]
 
 
+def assert_unmodified(snap: dict, by: str) -> None:
+    """AssertionError naming the :func:`snapshot` tensors that the call ``by`` changed."""
+    changed = modified(snap)
+    if changed:
+        raise AssertionError(f"{by} modified the caller's {', '.join(changed)}")
+
+
 def bits_view(t: torch.Tensor) -> torch.Tensor:
     return t.view({2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()])
 

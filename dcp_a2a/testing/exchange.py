@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from ..inprocess import all_to_all
-from .data import heads_of, modified, poison_like, snapshot
+from .data import assert_unmodified, heads_of, poison_like, snapshot
 
 
 def pack_all(impl, outs, lses, *, seq_lens=None, query_start_loc=None):
@@ -30,10 +30,7 @@ def pack_all(impl, outs, lses, *, seq_lens=None, query_start_loc=None):
                     query_start_loc=query_start_loc)
         before = snapshot(**args)
         impl.pack_send(args.pop("out"), args.pop("lse"), send, n, h // n, d, p, **args)
-        changed = modified(before)
-        if changed:
-            raise AssertionError(f"rank {r}: pack_send modified the caller's "
-                                 f"{', '.join(changed)}")
+        assert_unmodified(before, f"rank {r}'s pack_send")
         sends.append(send)
     return sends
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from dcp_a2a import Group
-from dcp_a2a.testing.data import DTYPES, modified, partials, snapshot
+from dcp_a2a.testing.data import DTYPES, assert_unmodified, partials, snapshot
 
 pytestmark = [pytest.mark.kernel, pytest.mark.conformance, pytest.mark.clause("exchange"),
               pytest.mark.needs("lse_reduce")]
@@ -30,7 +30,7 @@ def test_world_size_one_masks_empty_rows(impl, device):
                 query_start_loc=torch.tensor([0, 1, 2], dtype=torch.int32, device=device))
     before = snapshot(out=outs[0], lse=lses[0], **mask)
     out, lse = impl.lse_reduce(outs[0], lses[0], Group(1, 0, None), return_lse=True, **mask)
-    assert not modified(before), f"lse_reduce modified the caller's {modified(before)}"
+    assert_unmodified(before, "lse_reduce")
     out, lse = out.cpu(), lse.cpu()
     assert torch.equal(out[0], outs[0, 0].cpu()) and torch.all(out[1:] == 0)
     assert torch.all(lse[1:] == -math.inf)

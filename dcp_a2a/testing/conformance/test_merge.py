@@ -13,11 +13,10 @@ import math
 import pytest
 import torch
 
-from dcp_a2a.testing.data import DTYPES, partials
+from dcp_a2a.testing.data import DTYPES, assert_unmodified, heads_of, partials, snapshot
 from dcp_a2a.testing.conformance._refusals import (NOT_DIVISIBLE_WORDS, TripwireGroup,
                                                    dtype_words, refused)
 from dcp_a2a.testing.conformance._spec import build_recv, pack_dim, raw_bits
-from dcp_a2a.testing.data import heads_of, modified, snapshot
 
 pytestmark = [pytest.mark.conformance, pytest.mark.clause("merge bound")]
 
@@ -156,7 +155,7 @@ def test_group_of_one_masks_empty_and_padding_rows(impl, device, dtype):
     before = snapshot(out=out, lse=lse, seq_lens=seq_lens, query_start_loc=qsl)
     got, got_lse = impl.lse_reduce(out, lse, _OneRank(), return_lse=True, seq_lens=seq_lens,
                                    query_start_loc=qsl)
-    assert not modified(before), f"lse_reduce modified the caller's {modified(before)}"
+    assert_unmodified(before, "lse_reduce")
     for row in (1, 2, 4, 5):
         assert torch.all(got[row] == 0), f"masked row {row} produced {got[row].flatten()[:4]}"
         assert torch.all(got_lse[row] == -math.inf)

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from dcp_a2a import reference
-from dcp_a2a.testing.data import DTYPES, bits_view, modified, partials, poison_like, snapshot
+from dcp_a2a.testing.data import (DTYPES, assert_unmodified, bits_view, partials, poison_like,
+                                  snapshot)
 from dcp_a2a.testing.conformance._refusals import STRIDE_WORDS, refused_instead
 from dcp_a2a.testing.exchange import pack_all
 
@@ -110,7 +111,7 @@ def test_empty_shard_and_padding_rows_masked(impl, device, dtype, index_dtype):
     before = snapshot(out=outs[0], lse=lses[0], seq_lens=seq_lens, query_start_loc=qsl)
     impl.pack_send(outs[0], lses[0], send, n, h // n, d, p, seq_lens=seq_lens,
                    query_start_loc=qsl)
-    assert not modified(before), f"pack_send modified the caller's {modified(before)}"
+    assert_unmodified(before, "pack_send")
     lanes = send.cpu().view(torch.int16 if p == 2 else torch.int32)[..., d:].contiguous()
     got = lanes.view(torch.float32).view(n, b, h // n)
     assert torch.all(got[:, empty_rows] == -math.inf)

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from dcp_a2a.testing.data import DTYPES, modified, partials, poison_like, snapshot
+from dcp_a2a.testing.data import DTYPES, assert_unmodified, partials, poison_like, snapshot
 from dcp_a2a.testing.conformance._refusals import STRIDE_WORDS, refused_instead
 from dcp_a2a.testing.conformance._spec import expected_send, pack_dim, raw_bits
 
@@ -28,9 +28,7 @@ def _pack(impl, out, lse, n, **mask):
     send = poison_like(torch.empty((n, b, h // n, d + p), dtype=out.dtype, device=out.device))
     before = snapshot(out=out, lse=lse, **mask)
     impl.pack_send(out, lse, send, n, h // n, d, p, **mask)
-    changed = modified(before)
-    if changed:
-        raise AssertionError(f"pack_send modified the caller's {', '.join(changed)}")
+    assert_unmodified(before, "pack_send")
     return send
 
 
