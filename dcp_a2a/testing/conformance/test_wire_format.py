@@ -63,10 +63,6 @@ def test_send_buffer_matches_spec(impl, device, dtype, n, d):
     _assert_wire_equal(send, expected_send(outs[0], lses[0], n))
 
 
-def raw_bits_t(t):
-    return torch.from_numpy(raw_bits(t).astype(np.int64))
-
-
 @pytest.mark.parametrize("lse_dtype", [torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_16bit_lse_is_widened_not_reinterpreted(impl, device, dtype, lse_dtype):
@@ -212,12 +208,10 @@ def test_staging_buffer_overlapping_its_inputs(impl, device, b, layout):
     out.copy_(outs[0])
     lse = lses[0].clone() if at[2] is None else _carve(ws, at[2], (b, h), torch.float32)
     lse.copy_(lses[0])
-    pristine_out, pristine_lse = out.clone(), lse.clone()
+    before = snapshot(out=out, lse=lse)
     try:
         impl.pack_send(out, lse, send, n, h // n, d, p)
     except ValueError:
-        assert torch.equal(raw_bits_t(out), raw_bits_t(pristine_out)) and torch.equal(
-            raw_bits_t(lse), raw_bits_t(pristine_lse)), \
-            "pack_send raised, but only after it had overwritten its inputs"
+        assert_unmodified(before, "pack_send, before it raised,")
         return
-    _assert_wire_equal(send, expected_send(pristine_out, pristine_lse, n))
+    _assert_wire_equal(send, expected_send(before["out"][1], before["lse"][1], n))
