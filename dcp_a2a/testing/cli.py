@@ -151,7 +151,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "with only the installed package, its shipped conformance suite)")
     v.add_argument("--stall-timeout", type=_non_negative_float, default=None, metavar="S",
                    help="stop a pytest session in which no test starts or ends for S seconds "
-                        "(a hang: the tests running then fail, the rest count as not run); "
+                        "(a hang: the tests running then fail, the rest count as not run), "
+                        "counted from collection (start-up and collection get at least 120 s); "
                         "0 never (default 600)")
     v.add_argument("--no-progress", action="store_true", help="no progress bar")
     v.add_argument("--no-plots", action="store_true", help="skip the PNGs")

@@ -273,6 +273,9 @@ class RunResult:
 DIED = "the pytest process died while this test ran"
 UNFINISHED = "not run: the pytest session ended early (it died or was stopped)"
 STALL_TIMEOUT_S = 600.0
+# Before its tests are collected a session is silent while it imports torch and initialises
+# CUDA (seconds on a GPU machine): a --stall-timeout shorter than that counts from collection.
+STARTUP_S = 120.0
 
 
 def running(events: list[dict]) -> list[str]:
@@ -365,8 +368,9 @@ def run_pytest(spec: RunSpec, out_dir: Path, *, impl: str | None, quick: bool,
                suite: Suite | None = None, stall_s: float = STALL_TIMEOUT_S) -> RunResult:
     """Run one pytest session in a subprocess; ``progress`` (a :class:`Progress`) sees every
     finished test while it runs. A session in which no test starts or ends for ``stall_s``
-    seconds (0: never) is stopped: the tests running then are failures (they hang), the ones
-    not yet started are counted as never run."""
+    seconds after collection (0: never; start-up and collection get ``STARTUP_S`` at least) is
+    stopped: the tests running then are failures (they hang), the ones not yet started are
+    counted as never run."""
     raw = out_dir / "raw"
     raw.mkdir(parents=True, exist_ok=True)
     prefix = raw / spec.name
@@ -403,6 +407,7 @@ def run_pytest(spec: RunSpec, out_dir: Path, *, impl: str | None, quick: bool,
                 done = proc.poll() is not None
                 if not collection and coll_path.is_file():
                     collection = json.loads(coll_path.read_text())
+                    last_event = time.monotonic()  # collected: the stall clock starts here
                     if progress:
                         progress.collected(spec, collection)
                 new, offset = _read_jsonl(results_path, offset)
@@ -420,8 +425,10 @@ def run_pytest(spec: RunSpec, out_dir: Path, *, impl: str | None, quick: bool,
                             progress.test_done(spec, rec)
                 if done:
                     break
-                if stall_s and not hung and time.monotonic() - last_event > stall_s:
+                silent_s = stall_s if collection else max(stall_s, STARTUP_S)
+                if stall_s and not hung and time.monotonic() - last_event > silent_s:
                     hung = running(events) or ["<between tests>"]
+                    stall_s = silent_s  # what the report says it waited
                     _terminate(proc)
                     continue
                 time.sleep(0.2)

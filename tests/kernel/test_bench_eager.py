@@ -15,8 +15,8 @@ from dcp_a2a.testing import eager
 pytestmark = pytest.mark.kernel
 
 
-def test_eager_rows_report_every_op_and_their_floors():
-    rows = eager.eager_rows(1, 4, 6, 2, "float16", "cpu", calls=2, repeats=2)
+def test_eager_rows_report_every_op_and_their_floors(device):
+    rows = eager.eager_rows(1, 4, 6, 2, "float16", device, calls=2, repeats=2)
     assert [r["op"] for r in rows] == list(eager.OPS)
     for r in rows:
         assert r["shape"] == "B=1 H=4 D=6 N=2 float16" and (r["calls"], r["repeats"]) == (2, 2)
@@ -43,13 +43,13 @@ def test_the_floors_launch_twins_of_the_real_kernels():
         assert params(twin) == params(getattr(mod, name)), name
 
 
-def test_capture_launch_records_one_launch_and_runs_nothing():
+def test_capture_launch_records_one_launch_and_runs_nothing(device):
     import torch
 
     import dcp_a2a
     from dcp_a2a.kernels import combine
 
-    recv = torch.zeros(2, 1, 2, 10, dtype=torch.float16)  # D = 8, P = 2
+    recv = torch.zeros(2, 1, 2, 10, dtype=torch.float16, device=device)  # D = 8, P = 2
     kernel = combine.combine_rows
     twin, grid, args, kw = eager.capture_launch(
         lambda: dcp_a2a.unpack_combine(recv, 8, 2, False, True))

@@ -97,25 +97,25 @@ def test_lse_reduce_on_a_mirror_merges_n_equal_partials(device, merge_check, n, 
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_a_rank_in_group_that_is_not_the_process_groups_is_refused(backend):
-    outs, lses = partials(1, 2, 4, 8, torch.float16, seed=1)
+def test_a_rank_in_group_that_is_not_the_process_groups_is_refused(device, backend):
+    outs, lses = partials(1, 2, 4, 8, torch.float16, seed=1, device=device)
     with pytest.raises(ValueError, match=r"rank_in_group=0 but this process is rank 1"):
         lse_reduce(outs[0], lses[0], Group(2, 0, MirrorGroup(2, 1)), backend=backend)
 
 
-def test_a_process_group_of_another_size_is_refused():
-    outs, lses = partials(1, 2, 4, 8, torch.float16, seed=1)
+def test_a_process_group_of_another_size_is_refused(device):
+    outs, lses = partials(1, 2, 4, 8, torch.float16, seed=1, device=device)
     with pytest.raises(ValueError, match="has 4 ranks but group.world_size=2"):
         lse_reduce(outs[0], lses[0], Group(2, 1, MirrorGroup(4, 1)))
 
 
-def test_the_rank_check_costs_no_collective(monkeypatch):
+def test_the_rank_check_costs_no_collective(device, monkeypatch):
     """The refusal is host-side: nothing reaches the group's collectives."""
     calls = []
     for name in ("all_to_all_single", "all_gather_single", "reduce_scatter_single"):
         monkeypatch.setattr(MirrorGroup, name, lambda *a, _n=name, **k: calls.append(_n))
-    outs, lses = partials(1, 2, 4, 8, torch.float16, seed=1)
-    with pytest.raises(ValueError):
+    outs, lses = partials(1, 2, 4, 8, torch.float16, seed=1, device=device)
+    with pytest.raises(ValueError, match="rank_in_group=0 but this process is rank 1"):
         lse_reduce(outs[0], lses[0], Group(2, 0, MirrorGroup(2, 1)), check_ranks=True)
     assert calls == []
 
@@ -140,8 +140,8 @@ class _Disagreeing(MirrorGroup):
     (3, 2, "dtype: float32 on rank 0; float16 on rank 1"),
     (4, 0, "LSE base: 2 on rank 0; e on rank 1"),
     (5, 2, "backend: ag_rs on rank 0; packed on rank 1")])
-def test_ranks_that_disagree_are_named_with_the_field(field, value, named):
-    outs, lses = partials(1, 2, 4, 8, torch.float16, seed=1)
+def test_ranks_that_disagree_are_named_with_the_field(device, field, value, named):
+    outs, lses = partials(1, 2, 4, 8, torch.float16, seed=1, device=device)
     group = Group(2, 1, _Disagreeing(2, 1, field, value))
     with pytest.raises(ValueError, match="disagree") as e:
         lse_reduce(outs[0], lses[0], group, check_ranks=True)
@@ -149,8 +149,8 @@ def test_ranks_that_disagree_are_named_with_the_field(field, value, named):
     assert lse_reduce(outs[0], lses[0], group, check_ranks=False).shape == (2, 2, 8)
 
 
-def test_the_rank_check_is_off_by_default_and_on_by_environment(monkeypatch):
-    outs, lses = partials(1, 2, 4, 8, torch.float16, seed=1)
+def test_the_rank_check_is_off_by_default_and_on_by_environment(device, monkeypatch):
+    outs, lses = partials(1, 2, 4, 8, torch.float16, seed=1, device=device)
     group = Group(2, 1, _Disagreeing(2, 1, 2, 48))
     monkeypatch.delenv(CHECK_RANKS_ENV, raising=False)
     lse_reduce(outs[0], lses[0], group)  # off: the decode path pays no collective

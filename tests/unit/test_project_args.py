@@ -115,7 +115,7 @@ def test_project_cpu_tensors_without_the_interpreter_are_a_value_error(project_o
         pack_send(**_pack_call())
 
 
-def test_project_a_foreign_group_object_needs_torch_distributed(project_only):
+def test_project_a_foreign_group_object_needs_torch_distributed(project_only, device):
     """A device_group that is not a ProcessGroup is taken as a duck-typed group only once
     torch.distributed is initialised; before that, a ValueError saying so."""
     import torch.distributed as dist
@@ -124,6 +124,6 @@ def test_project_a_foreign_group_object_needs_torch_distributed(project_only):
 
     if dist.is_initialized():
         pytest.skip("this test process has a default process group")
-    outs, lses = partials(1, 2, 4, 8, torch.float16)
+    outs, lses = partials(1, 2, 4, 8, torch.float16, device=device)
     with pytest.raises(ValueError, match="init_process_group"):
         lse_reduce(outs[0], lses[0], Group(2, 0, object()))

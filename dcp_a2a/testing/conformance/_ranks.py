@@ -105,6 +105,65 @@ from dcp_a2a.testing.data import modified, snapshot  # noqa: E402
 from dcp_a2a.testing.rankpool import cpu_rank_environment, gpu_count, rank_device  # noqa: E402
 
 
+def _byte_span(t: torch.Tensor) -> tuple[int, int]:
+    """[first, last) byte addresses a tensor's elements occupy (empty for no elements)."""
+    if t.numel() == 0:
+        return t.data_ptr(), t.data_ptr()
+    last = sum((n - 1) * s for n, s in zip(t.shape, t.stride()))
+    return t.data_ptr(), t.data_ptr() + (last + 1) * t.element_size()
+
+
+def overlap_problem(kind: str, output: torch.Tensor, input: torch.Tensor) -> str | None:
+    """Why a collective may not receive into ``output`` while it sends ``input``, or None.
+
+    ``kind`` "a2a": any shared byte is a race (NCCL has no in-place all-to-all; peers write a
+    rank's slices while the collective still reads them). "gather"/"scatter": NCCL's in-place
+    forms only, the input being one whole chunk of the output (all-gather) or the output one
+    whole chunk of the input (reduce-scatter)."""
+    (o0, o1), (i0, i1) = _byte_span(output), _byte_span(input)
+    if o1 <= i0 or i1 <= o0:
+        return None
+    inner, outer = (input, output) if kind == "gather" else (output, input)
+    if kind != "a2a" and inner.is_contiguous() and outer.is_contiguous():
+        offset = inner.data_ptr() - outer.data_ptr()
+        chunk = inner.numel() * inner.element_size()
+        if chunk and offset % chunk == 0 and 0 <= offset and offset + chunk <= \
+                outer.numel() * outer.element_size():
+            return None  # the in-place form
+    return (f"its output (bytes {o0:#x}-{o1:#x}) overlaps its input (bytes {i0:#x}-{i1:#x})")
+
+
+_WATCHED = (("all_to_all_single", "a2a"), ("all_gather_into_tensor", "gather"),
+            ("all_gather_single", "gather"), ("reduce_scatter_tensor", "scatter"),
+            ("reduce_scatter_single", "scatter"))
+
+
+def watch_collectives(seen: list) -> None:
+    """Route torch.distributed's tensor collectives through a check that appends to ``seen``
+    every call whose output overlaps its input (see :func:`overlap_problem`). Gloo with CUDA
+    tensors stages through host memory and so hides such a race, as one GPU's groups do: the
+    check sees it on any backend. Only calls through torch.distributed's Python functions are
+    seen (an implementation's own communicator is not)."""
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
+
+    for name, kind in _WATCHED:
+        real = getattr(c10d, name, None)
+        if real is None:
+            continue
+
+        def spy(output, input, *args, _real=real, _name=name, _kind=kind, **kwargs):
+            if isinstance(output, torch.Tensor) and isinstance(input, torch.Tensor):
+                problem = overlap_problem(_kind, output, input)
+                if problem:
+                    seen.append(f"{_name}: {problem}")
+            return _real(output, input, *args, **kwargs)
+
+        setattr(c10d, name, spy)
+        if getattr(dist, name, None) is real:
+            setattr(dist, name, spy)
+
+
 def _rank_main(rank: int, init_file: str, out_dir: str, spec: str, device_type: str) -> None:
     if device_type == "cpu":
         os.environ["TRITON_INTERPRET"] = "1"  # CPU tensors need Triton's interpreter
@@ -123,6 +182,8 @@ def _rank_main(rank: int, init_file: str, out_dir: str, spec: str, device_type: 
     for members in sorted({s.members for s in SCENARIOS} - set(groups)):
         groups[members] = dist.new_group(list(members))  # collective: every rank creates each
     results = {}
+    overlaps: list[str] = []
+    watch_collectives(overlaps)  # before the implementation imports torch.distributed's names
     try:
         impl = load_impl(spec)
         for sc in SCENARIOS:
@@ -137,6 +198,7 @@ def _rank_main(rank: int, init_file: str, out_dir: str, spec: str, device_type: 
             if sc.backend:
                 mask["backend"] = sc.backend
             t0 = time.time()
+            overlaps.clear()
             try:
                 res = impl.lse_reduce(out, lse, DcpGroup(sc.n, me, groups[sc.members]),
                                       return_lse=sc.return_lse, is_lse_base_on_e=sc.base_e,
@@ -147,6 +209,7 @@ def _rank_main(rank: int, init_file: str, out_dir: str, spec: str, device_type: 
                        "traceback": traceback.format_exc()}
             rec["seconds"] = time.time() - t0
             rec["inputs_modified"] = modified(before)  # the engine still owns every one
+            rec["collective_overlaps"] = sorted(set(overlaps))
             results[sc.name] = rec
     except Exception:
         results["__rank_error__"] = traceback.format_exc()

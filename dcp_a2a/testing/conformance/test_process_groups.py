@@ -91,6 +91,9 @@ def _check_merges(group_results, merge_check, sc):
             raise AssertionError(f"rank {r} of {sc.n}: {e}") from None
         assert not rec["inputs_modified"], \
             f"rank {r}: lse_reduce modified the caller's {', '.join(rec['inputs_modified'])}"
+        assert not rec["collective_overlaps"], \
+            f"rank {r}: a collective received into memory it was sending from (a race on " \
+            f"NCCL; gloo with CUDA tensors hides it): {'; '.join(rec['collective_overlaps'])}"
 
 
 @pytest.mark.clause("bad input")  # overrides the module's clause
