@@ -561,7 +561,10 @@ def _time_collective(fn, device, iters: int) -> tuple[float, str, int]:
 
     for _ in range(3):
         fn()
-    if device.type == "cuda":
+    # Only NCCL's collectives capture. Trying to capture a gloo collective is not just a failed
+    # capture: gloo's own thread copies CUDA tensors while this one captures, and that error
+    # surfaces later, in the next barrier (seen on one H200 with 2 gloo ranks sharing it).
+    if device.type == "cuda" and dist.get_backend() == "nccl":
         try:
             torch.cuda.synchronize()
             g = torch.cuda.CUDAGraph()
@@ -571,6 +574,9 @@ def _time_collective(fn, device, iters: int) -> tuple[float, str, int]:
         except Exception:  # a path that does not capture: plain launches
             torch.cuda.synchronize()
             runner, method = fn, "events"
+    elif device.type == "cuda":
+        runner, method = fn, "events"
+    if device.type == "cuda":
 
         def once() -> float:  # ms
             a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

@@ -112,7 +112,8 @@ def test_a_process_group_of_another_size_is_refused(device):
 def test_the_rank_check_costs_no_collective(device, monkeypatch):
     """The refusal is host-side: nothing reaches the group's collectives."""
     calls = []
-    for name in ("all_to_all_single", "all_gather_single", "reduce_scatter_single"):
+    for name in ("all_to_all_single", "all_gather_single", "reduce_scatter_single",
+                 "alltoall_base", "_allgather_base", "_reduce_scatter_base"):  # torch < 2.13
         monkeypatch.setattr(MirrorGroup, name, lambda *a, _n=name, **k: calls.append(_n))
     outs, lses = partials(1, 2, 4, 8, torch.float16, seed=1, device=device)
     with pytest.raises(ValueError, match="rank_in_group=0 but this process is rank 1"):
@@ -133,6 +134,8 @@ class _Disagreeing(MirrorGroup):
         rows = output.view(self.size(), -1)
         rows[0, self.field] = self.peer_value  # rank 0 made another call
         return work
+
+    _allgather_base = all_gather_single  # the method torch < 2.13 calls
 
 
 @pytest.mark.parametrize("field, value, named", [
