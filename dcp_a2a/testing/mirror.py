@@ -79,13 +79,19 @@ class MirrorGroup(dist.ProcessGroup):
         output.view(n, -1).copy_(input.reshape(n, -1)[self._r].expand(n, -1))
         return _Done(output)
 
-    alltoall_base = all_to_all_single
+    # torch < 2.13's names call the new ones through self, so that a subclass (a test's
+    # disagreeing peer, a monkeypatch) overrides one method and both versions see it
+    def alltoall_base(self, output, input, output_split_sizes=None, input_split_sizes=None,
+                      opts=None):
+        return self.all_to_all_single(output, input, output_split_sizes, input_split_sizes,
+                                      opts)
 
     def all_gather_single(self, output, input, opts=None):
         output.view(self._n, -1).copy_(input.reshape(1, -1).expand(self._n, -1))
         return _Done(output)
 
-    _allgather_base = all_gather_single
+    def _allgather_base(self, output, input, opts=None):
+        return self.all_gather_single(output, input, opts)
 
     def reduce_scatter_single(self, output, input, opts=None):
         part = input.reshape(self._n, -1)[self._r]
@@ -95,7 +101,8 @@ class MirrorGroup(dist.ProcessGroup):
             flat.add_(part)
         return _Done(output)
 
-    _reduce_scatter_base = reduce_scatter_single
+    def _reduce_scatter_base(self, output, input, opts=None):
+        return self.reduce_scatter_single(output, input, opts)
 
     # the list forms (torch.distributed.all_gather, all_to_all, reduce_scatter) and the rest
     def allgather(self, output_lists, inputs, opts=None):

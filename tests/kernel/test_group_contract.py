@@ -109,11 +109,36 @@ def test_a_process_group_of_another_size_is_refused(device):
         lse_reduce(outs[0], lses[0], Group(2, 1, MirrorGroup(4, 1)))
 
 
+def test_torchs_older_method_names_reach_a_subclass_override():
+    """torch 2.11 calls alltoall_base/_allgather_base/_reduce_scatter_base, torch 2.13 the
+    *_single names: a MirrorGroup subclass overrides the new name and both versions see it (a
+    test's disagreeing peer once took effect on the CPU's torch and not on the GPU's)."""
+    seen = []
+
+    class Spy(MirrorGroup):
+        def all_to_all_single(self, *a, **k):
+            seen.append("a2a")
+            return super().all_to_all_single(*a, **k)
+
+        def all_gather_single(self, *a, **k):
+            seen.append("gather")
+            return super().all_gather_single(*a, **k)
+
+        def reduce_scatter_single(self, *a, **k):
+            seen.append("scatter")
+            return super().reduce_scatter_single(*a, **k)
+
+    pg, x = Spy(2, 0), torch.arange(4.0)
+    pg.alltoall_base(torch.empty(4), x, None, None, None)
+    pg._allgather_base(torch.empty(8), x, None)
+    pg._reduce_scatter_base(torch.empty(2), x, None)
+    assert seen == ["a2a", "gather", "scatter"]
+
+
 def test_the_rank_check_costs_no_collective(device, monkeypatch):
     """The refusal is host-side: nothing reaches the group's collectives."""
     calls = []
-    for name in ("all_to_all_single", "all_gather_single", "reduce_scatter_single",
-                 "alltoall_base", "_allgather_base", "_reduce_scatter_base"):  # torch < 2.13
+    for name in ("all_to_all_single", "all_gather_single", "reduce_scatter_single"):
         monkeypatch.setattr(MirrorGroup, name, lambda *a, _n=name, **k: calls.append(_n))
     outs, lses = partials(1, 2, 4, 8, torch.float16, seed=1, device=device)
     with pytest.raises(ValueError, match="rank_in_group=0 but this process is rank 1"):
@@ -134,8 +159,6 @@ class _Disagreeing(MirrorGroup):
         rows = output.view(self.size(), -1)
         rows[0, self.field] = self.peer_value  # rank 0 made another call
         return work
-
-    _allgather_base = all_gather_single  # the method torch < 2.13 calls
 
 
 @pytest.mark.parametrize("field, value, named", [
