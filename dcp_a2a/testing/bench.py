@@ -561,6 +561,7 @@ def _time_collective(fn, device, iters: int) -> tuple[float, str, int]:
 
     for _ in range(3):
         fn()
+    runner, method = fn, ("events" if device.type == "cuda" else "wall")
     # Only NCCL's collectives capture. Trying to capture a gloo collective is not just a failed
     # capture: gloo's own thread copies CUDA tensors while this one captures, and that error
     # surfaces later, in the next barrier (seen on one H200 with 2 gloo ranks sharing it).
@@ -573,9 +574,6 @@ def _time_collective(fn, device, iters: int) -> tuple[float, str, int]:
             runner, method = g.replay, "graph"
         except Exception:  # a path that does not capture: plain launches
             torch.cuda.synchronize()
-            runner, method = fn, "events"
-    elif device.type == "cuda":
-        runner, method = fn, "events"
     if device.type == "cuda":
 
         def once() -> float:  # ms
@@ -586,7 +584,6 @@ def _time_collective(fn, device, iters: int) -> tuple[float, str, int]:
             torch.cuda.synchronize()
             return a.elapsed_time(b)
     else:
-        runner, method = fn, "wall"
 
         def once() -> float:
             t0 = time.perf_counter()

@@ -163,12 +163,15 @@ def test_after_the_hang():
 
 
 def write_suite(root: Path, *, failing: bool, dying: bool = False,
-                hanging: bool = False) -> Path:
+                hanging: bool = False, start_s: float = 0) -> Path:
+    """A suite of fake tests; ``start_s``: seconds its conftest sleeps at import, before
+    collection (what importing torch and initialising CUDA cost on a GPU machine)."""
     t = root / "tests"
     for sub in ("unit", "kernel", "numerics", "multigpu", "misc"):
         (t / sub).mkdir(parents=True, exist_ok=True)
     (root / "pytest.ini").write_text(PYTEST_INI)
-    (t / "conftest.py").write_text(CONFTEST)
+    (t / "conftest.py").write_text(
+        (f"import time\ntime.sleep({start_s})\n" if start_s else "") + CONFTEST)
     (t / "unit" / "test_u.py").write_text(UNIT)
     (t / "kernel" / "test_k.py").write_text(KERNEL_PASS)
     if failing:

@@ -202,10 +202,13 @@ def test_a_session_that_dies_names_the_test_and_never_reads_as_a_pass(tmp_path):
 def test_a_session_that_hangs_is_stopped_and_names_the_test(tmp_path):
     """No test starts or ends for --stall-timeout seconds: validate stops the session; the test
     that was running fails as a hang, the rest count as never run, the exit status is 1
-    (instead of a CI job that waits for its cap)."""
+    (instead of a CI job that waits for its cap). The suite takes longer than the timeout to
+    start (on a GPU machine torch and CUDA do): the clock counts from collection, so the hang
+    is still the test's (on an H200 a 2 s clock from start-up stopped the session before it
+    had collected anything)."""
     import time
 
-    suite = write_suite(tmp_path / "suite", failing=False, hanging=True)
+    suite = write_suite(tmp_path / "suite", failing=False, hanging=True, start_s=3)
     out = tmp_path / "report"
     t0 = time.monotonic()
     code = cli.main(["validate", "--suite", str(suite), "--out", str(out), "-j", "0",
