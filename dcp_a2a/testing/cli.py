@@ -424,7 +424,7 @@ def validate(args) -> int:
         "interrupted": interrupted,
         "started_at": started,
         "wall_s": time.monotonic() - t_start,
-        "command": ["dcp-a2a"] + sys.argv[1:],
+        "command": ["dcp-a2a"] + args.argv,
         "implementation": {"spec": impl, "module": impl_obj.module, "file": impl_obj.file,
                            "missing": missing, "described": impl_obj.describe()},
         "options": {"impl": impl, "impl_missing": missing,
@@ -479,7 +479,9 @@ def validate(args) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = parser.parse_args(argv)
+    args.argv = argv  # what the report says was run (main may be called with its own list)
     if args.command == "validate":
         return validate(args)
     if args.command == "gpu-check":

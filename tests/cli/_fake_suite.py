@@ -17,6 +17,7 @@ markers =
     multigpu: mg
     e2e: e
     slow: s
+    selfcheck: sc
 """
 
 CONFTEST = '''\
@@ -119,7 +120,15 @@ def test_nccl():
 '''
 
 STRAY = '''\
+import pytest
+
+
 def test_in_no_tier():
+    pass
+
+
+@pytest.mark.selfcheck
+def test_of_the_selfcheck():  # in no tier by design: listed apart, not as a stray
     pass
 '''
 

@@ -191,6 +191,9 @@ def test_run_problems():
         "pytest reported success but a test record shows a failure"
     assert [run_problem(_Res(c, [])) for c in (2, 3, 4, 5)] == [
         "interrupted", "internal error", "usage error", None]
+    # a session stopped after a test failed is still an interrupted one (exit 2), not success
+    assert [run_problem(_Res(c, [rec("a", "failed", [])])) for c in (2, 3)] == [
+        "interrupted", "internal error"]
     assert run_problem(_Res(0, [], session=False)) == "ended without a session record"
     assert run_problem(_Res(-9, [], session=False)) == \
         "the pytest process died (exit status -9) before the session ended"

@@ -45,6 +45,7 @@ def _tier(report, name):
 
 def _failure_gives_nonzero_exit_and_is_listed(failing_run):
     code, rep, _ = failing_run
+    assert rep["command"][:3] == ["dcp-a2a", "validate", "--suite"]  # this call's arguments
     assert code == cli.EXIT_FAILED and rep["ok"] is False
     assert [f["nodeid"] for f in rep["failures"]] == ["tests/kernel/test_kfail.py::test_too_far"]
     assert "over the bound" in rep["failures"][0]["text"]
@@ -71,6 +72,7 @@ def _headroom_is_worst_ratio_inverted(failing_run):
     assert kernel["worst_ratio"] == 2.0 and kernel["headroom"] == 0.5
     assert kernel["worst_case"]["nodeid"].endswith("test_too_far")
     assert conf["worst_ratio"] == 0.25 and conf["headroom"] == 4.0
+    assert rep["worst_ratio"] == 2.0 and rep["headroom"] == 0.5  # over the tiers that ran
     assert _tier(rep, "unit")["headroom"] == 4.0  # its one merge check is the shared test's
 
 
@@ -89,6 +91,7 @@ def _tiers_that_cannot_run_are_listed_with_reason(failing_run):
         assert t["status"] == "not run" and t["reason"] and t["passed"] == 0
     assert _tier(rep, "gpu")["not_run"] == 1 and _tier(rep, "multigpu")["not_run"] == 1
     assert rep["untiered_tests"] == ["tests/misc/test_stray.py::test_in_no_tier"]
+    assert rep["selfcheck_tests"] == ["tests/misc/test_stray.py::test_of_the_selfcheck"]
 
 
 def _ulp_histograms_summed_per_dtype_and_kind(failing_run):
@@ -195,6 +198,7 @@ def test_a_session_that_dies_names_the_test_and_never_reads_as_a_pass(tmp_path):
     assert "ended before" in kernel["reason"]
     (run,) = rep["runs"]
     assert run["problem"] == "the pytest process died (exit status 7) before the session ended"
+    assert run["collect_errors"] == 0  # none reported (no session record to say otherwise)
     md = (out / "validation.md").read_text()
     assert "test_that_kills_the_process" in md and "ended before" in md
 
@@ -246,7 +250,10 @@ def test_ctrl_c_writes_a_partial_report_that_is_not_a_pass(tmp_path):
         [sys.executable, "-m", "dcp_a2a", "validate", "--suite", str(suite), "--out", str(out),
          "-j", "0", "--no-progress", "--no-plots", "--tiers", "kernel"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env={k: v for k, v in os.environ.items() if k != "DCP_A2A_IMPL"})
+        env={k: v for k, v in os.environ.items() if k != "DCP_A2A_IMPL"},
+        # a shell's background job (`.ci/run &`) ignores SIGINT, and children inherit that:
+        # give validate the default a user's terminal gives it
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and not any(
             "test_that_hangs" in p.read_text() for p in out.rglob("*.results.jsonl")):

@@ -121,6 +121,11 @@ def test_evals_that_cannot_run_exit_3_with_the_true_reason(tmp_path):
             ("no eval model is prepared", "GSM8K data not found at /nonexistent")) or \
             "not installed" in e["reason"], e
     assert "asked for but cannot run here: evals:logit_parity, evals:gsm8k" in proc.stdout
+    for e in rep["evals"]:  # each with its reason, under that line
+        assert f"  evals:{e['name']}: {e['reason']}" in proc.stdout
+    # the arguments after "--" went to pytest, without the "--"
+    assert rep["options"]["pytest_args"] == ["dcp_a2a/testing/conformance/test_args.py", "-k",
+                                             "test_lse_pack_dim"]
     assert "PASS" not in proc.stdout.splitlines()[-1]
 
 
