@@ -191,8 +191,9 @@ def test_staging_buffer_overlapping_its_inputs(impl, device, b, layout):
     rows before any stores, so an unchecked in-place pack can come out right by timing (it
     did: the self-check's mutant survived there). Thousands of tokens are dispatched in waves,
     and the programs of the first write peer 1's slice over the rows, half the buffer on,
-    that a later wave reads. (Refusing costs nothing at any size; the Triton interpreter runs
-    programs one after another, so there the small launch shows the bug already.)"""
+    that a later wave reads. (Refusing costs nothing at any size. The Triton interpreter runs
+    programs one after another, here of 256 tokens each: there too many_waves (32 programs)
+    shows the bug and one_wave (one program) does not.)"""
     n, h, d = 2, 4, 8
     dtype = torch.float16
     outs, lses = partials(1, b, h, d, dtype, seed=21, device=device)

@@ -1,5 +1,4 @@
-"""The batch-invariance check at large batches, shared by the conformance tier (64 rows) and
-the numerics tier (1024 rows, slow on the CPU interpreter: one program per row)."""
+"""The batch-invariance check at a large batch (1024 rows, test_determinism.py)."""
 
 from __future__ import annotations
 
