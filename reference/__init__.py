@@ -4,7 +4,7 @@ a second, independent implementation of the contract (:mod:`.contract`). Install
 or any other module of dcp_a2a."""
 
 from .combine import (combine_magnitude, logsumexp_oracle, lse_weighted_combine, mean_shift,
-                      sanitize_lse, small_weight_magnitude)
+                      sanitize_lse, small_weight_magnitude, weight_total)
 from .wire import lse_pack_dim, pack_send, unpack_combine
 
 __all__ = [
@@ -17,4 +17,5 @@ __all__ = [
     "sanitize_lse",
     "small_weight_magnitude",
     "unpack_combine",
+    "weight_total",
 ]

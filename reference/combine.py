@@ -94,6 +94,22 @@ def mean_shift(lses: torch.Tensor, is_lse_base_on_e: bool = True) -> torch.Tenso
     return (w * shift.abs()).sum(dim=0)
 
 
+def weight_total(lses: torch.Tensor, is_lse_base_on_e: bool = True) -> torch.Tensor:
+    """s = sum_n e^{x_n} per row, float64 [B, H] (x_n = s_n - max s, base 2 with exp2; between 1
+    and N, 0 for a row of -inf): the sum of the unnormalised weights. A merge that accumulates
+    sum_n e^{x_n} o_n and divides by s last has partial sums up to s * sum_n w_n |o_n|, s times
+    the normalised merge's: where that reaches float32's overflow threshold it can round to inf
+    (tolerances.yaml, ``overflow``)."""
+    if not isinstance(lses, torch.Tensor) or not lses.dtype.is_floating_point:
+        raise TypeError(f"lses must be a floating-point torch.Tensor, got {lses!r:.60}")
+    if lses.dim() != 3:
+        raise ValueError(f"expected lses[N, B, H], got {tuple(lses.shape)}")
+    s = sanitize_lse(lses)
+    m = s.amax(dim=0)
+    shifted = s - torch.where(torch.isinf(m), torch.zeros_like(m), m)
+    return (torch.exp(shifted) if is_lse_base_on_e else torch.exp2(shifted)).sum(dim=0)
+
+
 def small_weight_magnitude(outputs: torch.Tensor, lses: torch.Tensor, is_lse_base_on_e: bool,
                            below: float, at_least: float) -> torch.Tensor:
     """sum over ranks whose exact weight w_n is below ``below`` of max(w_n, at_least) * |o_n|

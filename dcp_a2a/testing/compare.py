@@ -135,6 +135,8 @@ class OracleBounds:
     out [B, H, D], lse [B, H]        y* and g* (``reference.lse_weighted_combine``)
     mag, shift_mag [B, H, D]         M = sum w|o|, S = sum w|o||x| (``combine_magnitude``)
     mean_shift [B, H]                X = sum w|x| (``reference.mean_shift``)
+    weight_total [B, H]              s = sum e^x, the unnormalised weights' sum
+                                     (``reference.weight_total``)
     small [B, H, D]                  F, the small-weight floor (``small_weight_magnitude``)
     evaluation [B, H, D]             E, the fp32 evaluation allowance (includes F)
     out_bound [B, H, D], lse_bound [B, H]
@@ -150,6 +152,7 @@ class OracleBounds:
     mag: torch.Tensor
     shift_mag: torch.Tensor
     mean_shift: torch.Tensor
+    weight_total: torch.Tensor
     small: torch.Tensor
     evaluation: torch.Tensor
     out_bound: torch.Tensor
@@ -168,7 +171,7 @@ def oracle_bounds(outputs: torch.Tensor, lses: torch.Tensor, dtype: torch.dtype 
     scope statement). :func:`check_merge`, the numerics report, the metamorphic relations and the
     e2e bounds all take their bounds from here."""
     from dcp_a2a.reference import (combine_magnitude, lse_weighted_combine, mean_shift,
-                                   small_weight_magnitude)
+                                   small_weight_magnitude, weight_total)
 
     dtype = outputs.dtype if dtype is None else dtype
     tol.dtype_name(dtype)  # ValueError for a dtype without tolerances
@@ -188,7 +191,8 @@ def oracle_bounds(outputs: torch.Tensor, lses: torch.Tensor, dtype: torch.dtype 
     e = tol.evaluation_bound(mag, shift_mag, x, dtype, n, small, formulation)
     return OracleBounds(
         dtype=dtype, n=n, base_e=is_lse_base_on_e, kind=kind, formulation=formulation,
-        out=ref, lse=ref_lse, mag=mag, shift_mag=shift_mag, mean_shift=x, small=small,
+        out=ref, lse=ref_lse, mag=mag, shift_mag=shift_mag, mean_shift=x,
+        weight_total=weight_total(lses, is_lse_base_on_e), small=small,
         evaluation=e, out_bound=tol.output_bound_from(ref, e, mag, dtype, n, kind),
         lse_bound=tol.lse_bound(ref_lse, x, dtype, n, is_lse_base_on_e, formulation))
 
@@ -196,12 +200,17 @@ def oracle_bounds(outputs: torch.Tensor, lses: torch.Tensor, dtype: torch.dtype 
 def overflow_allowance(actual: torch.Tensor, orc: OracleBounds):
     """(mask, err, bound) for the infinite outputs the overflow rule judges (tolerances.yaml
     ``overflow``): an inf of y*'s sign where y* is finite stands for the least magnitude that
-    overflows, so its error is ``threshold_T - |y*|`` (>= 0) and its bound ``reach * bound``;
-    within it exactly where the arithmetic can overflow. ``actual`` float64, on orc's device."""
+    overflows, so its error is how far the merge is from overflowing, against ``reach * bound``:
+    within it exactly where the arithmetic of a formulation in scope can overflow. Normalised
+    weights: ``threshold_T - |y*|``. Weights e^{x_n} summed before dividing by s: the float32
+    accumulator's partial sums reach s * M, so ``(threshold_fp32 - s * M) / s`` (in units of y).
+    ``actual`` float64, on orc's device."""
     ref = orc.out
     mask = torch.isinf(actual) & torch.isfinite(ref) & (torch.sign(actual) == torch.sign(ref))
-    err = (tol.overflow_threshold(orc.dtype) - ref.abs()).clamp(min=0.0)
-    return mask, err, tol.overflow_reach() * orc.out_bound
+    normalised = (tol.overflow_threshold(orc.dtype) - ref.abs()).clamp(min=0.0)
+    s = orc.weight_total[..., None].clamp(min=1.0)  # 0 only in rows of -inf, where y* = 0
+    divide_last = ((tol.overflow_threshold(torch.float32) - s * orc.mag) / s).clamp(min=0.0)
+    return mask, torch.minimum(normalised, divide_last), tol.overflow_reach() * orc.out_bound
 
 
 def check_merge(actual_out: torch.Tensor, actual_lse: torch.Tensor | None,

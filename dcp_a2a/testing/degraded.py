@@ -207,6 +207,8 @@ def fp32_merge(outs: torch.Tensor, lses: torch.Tensor, base_e: bool = True, *,
     ``formulation``:
       global_max   the kernels' merge_weights: m = max, w = exp(fl(s - m)), s = sum in rank
                    order, scale = w / s, acc += scale * o (the bound's scope)
+      divide_last  the same weights not normalised: acc += w * o, y = acc / s (the scope's
+                   second form; its accumulator can overflow where global_max's cannot)
       online       running max: per rank k, m' = max(m, s_k), a = exp(fl(m - m')),
                    b = exp(fl(s_k - m')), l = a l + b, acc = a acc + b o_k; y = acc / l
                    (per-rank exp signs apply to step k's a and b)
@@ -215,7 +217,7 @@ def fp32_merge(outs: torch.Tensor, lses: torch.Tensor, base_e: bool = True, *,
       no_max       w = exp(s_n) without the max, scale = w / sum w
     ``arith`` the fp32 arithmetic (default: correctly rounded, no flush)."""
     ar = arith or FP32()
-    if formulation not in ("global_max", "online", "global_lse", "no_max"):
+    if formulation not in ("global_max", "divide_last", "online", "global_lse", "no_max"):
         raise ValueError(f"unknown formulation {formulation!r}")
     if outs.dim() != 4 or lses.dim() != 3 or tuple(outs.shape[:3]) != tuple(lses.shape):
         raise ValueError(f"expected outs[N, B, H, D] and lses[N, B, H], got "
@@ -254,6 +256,10 @@ def fp32_merge(outs: torch.Tensor, lses: torch.Tensor, base_e: bool = True, *,
     t_safe = torch.where(ok, tot, torch.ones_like(tot))
     g = torch.where(ok, ar.add(m_safe if formulation != "no_max" else 0.0 * m_safe,
                                ar.log(t_safe, base_e)), neg_inf)
+    if formulation == "divide_last":
+        acc = _weighted_sum(ar, outs, torch.where(w > 0, w, torch.zeros_like(w)))
+        y = torch.where(ok[..., None], ar.div(acc, t_safe[..., None]), torch.zeros_like(acc))
+        return y.to(outs.dtype), g.to(torch.float32)
     if formulation == "global_lse":
         g_safe = torch.where(ok, g, torch.zeros_like(g))
         scale = torch.where(torch.isinf(s), torch.zeros_like(s), ar.exp(ar.add(s, -g_safe), base_e))

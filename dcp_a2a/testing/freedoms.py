@@ -15,7 +15,9 @@ Where it differs from :class:`dcp_a2a.reference.contract.ReferenceContract`:
   group's size in which this process has ``rank_in_group`` (a ``TypeError`` otherwise);
 * masked rows sent with zeroed output lanes (the contract leaves them unspecified);
 * the exchange with explicit (even) split sizes;
-* the merge accumulated in float32, ranks in reverse order, with fused multiply-adds;
+* the merge in float32 throughout: weights e^{s_n - max} left unnormalised, accumulated in
+  reverse rank order with fused multiply-adds, the sum of the weights divided out last (the
+  scope's second form in tolerances.yaml; its accumulator overflows before |y| could);
 * results returned as non-contiguous views.
 
     python -m dcp_a2a.testing.selfcheck --correct dcp_a2a.testing.freedoms --no-mutants
@@ -26,6 +28,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from ..reference.combine import sanitize_lse
 from ..reference.contract import ReferenceContract
 
 
@@ -111,15 +114,36 @@ class Freedoms(ReferenceContract):
         dist.all_to_all_single(recv, send, split, split, group=group.device_group)
         return recv
 
-    # ------------------------------------------------------------ fp32, reversed, fused
+    # ------------------------------------------------------------ fp32, divided last, reversed
+    def merge_weights(self, lses, is_lse_base_on_e):
+        """Unnormalised float32 weights e^{fl(s_n - m)} and g = m + log(sum) in float32: the
+        sum is divided out after the accumulation (``weighted_sum``)."""
+        s = sanitize_lse(lses).to(torch.float32)
+        m = s.amax(dim=0)
+        m_safe = torch.where(torch.isinf(m), torch.zeros_like(m), m)
+        e = (torch.exp if is_lse_base_on_e else torch.exp2)(s - m_safe)
+        total = e.sum(dim=0)
+        ok = total > 0
+        log = torch.log if is_lse_base_on_e else torch.log2
+        g = torch.where(ok, m_safe + log(torch.where(ok, total, torch.ones_like(total))),
+                        torch.full_like(m, float("-inf")))
+        return e, g
+
     def weighted_sum(self, w, data):
+        """sum_n e_n o_n in float32, ranks in reverse order with fused multiply-adds, then
+        divided by sum_n e_n (the accumulator can overflow where |y| cannot: see tolerances.yaml,
+        ``overflow``)."""
         x, w32 = data.to(torch.float32), w.to(torch.float32)
         acc = torch.zeros(x.shape[1:], dtype=torch.float32, device=x.device)
         for n in reversed(range(x.shape[0])):
             wn = w32[n][..., None].expand_as(x[n])
             term = torch.where(wn > 0, x[n], torch.zeros_like(x[n]))  # weight 0: nothing in
             acc = torch.addcmul(acc, wn, term)
-        return acc.to(torch.float64)
+        total = w32.sum(dim=0)[..., None]
+        ok = total > 0
+        y = torch.where(ok, acc / torch.where(ok, total, torch.ones_like(total)),
+                        torch.zeros_like(acc))
+        return y.to(torch.float64)
 
     # ------------------------------------------------------------ non-contiguous results
     def _combine(self, recv, head_dim, return_lse, is_lse_base_on_e):

@@ -4,8 +4,10 @@ arithmetic (``dcp_a2a.testing.degraded.FP32`` / ``fp32_merge``), not with an imp
 
 * subnormal weights, with and without flush-to-zero: a correct merge exceeded the bound before
   the small-weight floor F (issue 22) and passes with it, and F still rejects a wrong weight;
-* the overflow rule: at FLT_MAX a correctly evaluated merge may round to inf, and is accepted;
-  an inf far from the threshold or of the wrong sign is not;
+* the overflow rule: at FLT_MAX a correctly evaluated merge may round to inf, and is accepted,
+  as is the overflow of a merge that divides by the weights' sum last where its accumulator
+  reaches the threshold; an inf where no formulation in scope overflows, or of the wrong sign,
+  is not;
 * the scope: a running-max (online) merge with exp errors inside the bound's own error model
   exceeds the global-max LSE bound and stays within its composed bound (``online``);
 * X = sum_n w_n |x_n| <= min((N-1)/e, ln N), which the normalisation term relies on.
@@ -113,16 +115,48 @@ def test_overflow_at_flt_max_is_accepted():
 
 
 def test_overflow_rule_rejects_other_infinities():
-    """An inf where y* = 2^127 (half FLT_MAX) is rejected (ratio 5.2e5: 2^127 short of the
-    threshold against 2 * bound); an inf of the wrong sign is an infinite ratio."""
+    """An inf where y* = 2^127 (half FLT_MAX) and no formulation in scope overflows (rank 1
+    weighs e^-10, so even unnormalised partial sums stay near 2^127) is rejected, about 1e5
+    times its bound; an inf of the wrong sign is an infinite ratio."""
     half = torch.full((2, 1, 2, 4), 2.0 ** 127, dtype=torch.float32)
     lses = torch.zeros(2, 1, 2)
+    lses[1] = -10.0
     inf = torch.full((1, 2, 4), math.inf)
     rep = check_merge(inf, None, half, lses)
     assert not rep.ok and 1e5 < rep.output.worst_ratio < math.inf, rep.describe()
     top = torch.full((2, 1, 2, 4), F32_MAX, dtype=torch.float32)
     rep = check_merge(-inf, None, top, lses)
     assert rep.output.worst_ratio == math.inf, rep.describe()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_overflow_of_a_divide_last_merge_is_accepted(dtype):
+    """The scope's second form, acc = sum_n e^{x_n} o_n then y = acc / s, correctly rounded:
+    partials of 2^126 to 2^127 (N = 4, LSEs within 0.5 of each other) overflow its float32
+    accumulator where s * M passes the threshold although |y*| is half of it. Accepted now;
+    the rule for normalised weights alone rejected those infs by orders of magnitude, failing a
+    correct implementation. The normalised merge of the same partials stays finite; an inf
+    in row 1 (partials near 2^100: s * M far below the threshold) is still rejected."""
+    g = torch.Generator().manual_seed(3)
+    mag = 1.0 + torch.rand(4, 2, 8, 16, generator=g, dtype=torch.float64)
+    mag[:, 0] *= 2.0 ** 126
+    mag[:, 1] *= 2.0 ** 100
+    outs = mag.to(dtype)
+    lses = torch.rand(4, 2, 8, generator=g) * 0.5 + 5.0
+    out, _ = fp32_merge(outs, lses, formulation="divide_last")
+    over = torch.isinf(out)
+    assert over.any()
+    orc = oracle_bounds(outs, lses, dtype)
+    far = over & (orc.out.abs() < tol.overflow_threshold(dtype) / 2)
+    assert far.any()  # infs the normalised-weights rule cannot explain
+    rep = check_merge(out, None, outs, lses)
+    assert rep.ok, rep.describe()
+    assert torch.isfinite(fp32_merge(outs, lses)[0]).all()
+    reach = orc.weight_total[..., None] * orc.mag
+    below = ~over & (reach < tol.overflow_threshold(torch.float32) / 2)
+    assert below.any()
+    forged = torch.where(below, torch.sign(orc.out) * math.inf, out.double()).to(dtype)
+    assert not check_merge(forged, None, outs, lses).ok
 
 
 @pytest.mark.parametrize("base_e", [True, False], ids=["base_e", "base_2"])

@@ -64,12 +64,15 @@ def test_lse_near_float32_limits(exchange, merge_check, dtype):
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=ids)
 def test_outputs_near_float32_limits(exchange, merge_check, dtype):
-    """|o_n| up to 2^127: the merge is a convex combination, so it must not overflow."""
+    """|o_n| up to 2^127: the merge is a convex combination, so with normalised weights it
+    cannot overflow; a merge that divides by the weights' sum last (in scope, tolerances.yaml)
+    can, in its float32 accumulator, and the overflow rule accepts an inf exactly there. No NaN
+    and no inf of the wrong sign in any case."""
     g = _gen(3)
     outs = (_uniform((4, 2, 8, 16), 2.0**120, 2.0**127, g) * _signs((4, 2, 8, 16), g)).to(dtype)
     _, lses = partials(4, 2, 8, 16, dtype, seed=3, spread=1.0)
     out, _ = _merge_and_check(exchange, merge_check, outs, lses)
-    assert torch.isfinite(out).all()
+    assert not torch.isnan(out).any()
 
 
 @pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")  # numpy, interpreter
