@@ -9,10 +9,10 @@ import torch
 
 from dcp_a2a import Group
 from dcp_a2a.testing.conformance._refusals import (HEAD_DIM_WORDS, NOT_DIVISIBLE_WORDS,
-                                                   PACK_DIM_WORDS, TripwireGroup, dtype_words,
-                                                   refused, refused_instead)
-from dcp_a2a.testing.conformance._spec import expected_send, raw_bits
-from dcp_a2a.testing.data import partials, poison_like
+                                                   PACK_DIM_WORDS, STRIDE_WORDS, TripwireGroup,
+                                                   dtype_words, refused, refused_instead)
+from dcp_a2a.testing.conformance._spec import build_recv, expected_send, raw_bits
+from dcp_a2a.testing.data import heads_of, partials, poison_like
 
 pytestmark = [pytest.mark.unit, pytest.mark.conformance, pytest.mark.clause("bad input")]
 
@@ -127,6 +127,25 @@ def test_pack_refuses_or_fills_a_strided_send_buffer(impl):
         return
     want = expected_send(a["out"], a["lse"], a["world_size"])
     assert np.array_equal(raw_bits(a["send"]), want), "a strided send buffer was misfilled"
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_unpack_refuses_or_reads_a_strided_recv(impl, device, merge_check, dtype):
+    """recv as rows [0, B) of a larger buffer (not contiguous; the rows after hold NaN): refused
+    (an error naming recv, contiguity or strides) or read through its strides, never read as
+    if its rows were packed from its data pointer."""
+    n, b, h, d = 2, 3, 4, 12
+    outs, lses = partials(n, b, h, d, dtype, seed=5, device=device)
+    recv = build_recv(outs, lses, 0)
+    bigger = torch.full((n, b + 2, h // n, recv.shape[-1]), float("nan"), dtype=dtype,
+                        device=device)
+    bigger[:, :b] = recv
+    got = []
+    call = lambda: got.append(impl.unpack_combine(  # noqa: E731
+        bigger[:, :b], d, impl.lse_pack_dim(dtype), False, True))
+    if refused_instead(call, STRIDE_WORDS + r"|recv"):
+        return
+    merge_check(got[0].cpu(), None, outs.cpu(), lses.cpu(), heads=heads_of(0, n, h))
 
 
 @pytest.mark.parametrize("case", ["float32", "int16", "2d"])

@@ -13,7 +13,8 @@ import math
 import pytest
 import torch
 
-from dcp_a2a.testing.data import DTYPES, assert_unmodified, heads_of, partials, snapshot
+from dcp_a2a.testing.data import (DTYPES, LARGE_BATCH, assert_unmodified, heads_of, partials,
+                                  snapshot)
 from dcp_a2a.testing.conformance._refusals import (NOT_DIVISIBLE_WORDS, TripwireGroup,
                                                    dtype_words, refused)
 from dcp_a2a.testing.conformance._spec import build_recv, pack_dim, raw_bits
@@ -88,6 +89,40 @@ def test_zero_weight_never_lets_nan_in(impl, device, merge_check, dtype):
     assert not torch.isnan(out).any(), "NaN leaked through a zero weight"
     assert torch.all(out[3] == 0) and torch.all(lse[3] == -math.inf)
     merge_check(out, lse, outs.cpu(), lses.cpu(), heads=heads_of(1, n, h))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_a_nan_partial_of_positive_weight_is_not_hidden(impl, device, dtype):
+    """Weight 0 is the only identity: a NaN in a partial whose weight is positive (row 1 has
+    equal LSEs on both ranks, so each weighs 1/2) is a fault of that rank's attention, and the
+    merged elements it feeds are NaN -- not a plausible value computed without that rank, which
+    no later check could tell from a right one. Every other element, and the LSE, stay
+    finite."""
+    n, b, h, d = 2, 3, 4, 10
+    outs, lses = partials(n, b, h, d, dtype, seed=13, device=device)
+    outs, lses = outs.clone(), lses.clone()
+    lses[:, 1] = lses[0, 1]
+    outs[1, 1, :, 3] = math.nan
+    expected = torch.zeros((b, h // n, d), dtype=torch.bool)
+    expected[1, :, 3] = True
+    for r in range(n):
+        out, lse = (t.cpu() for t in _merge(impl, outs, lses, r))
+        got = torch.isnan(out)
+        assert torch.equal(got, expected), (
+            f"rank {r}: NaN where the merge must give NaN (row 1, lane 3, weight 1/{n}) and "
+            f"nowhere else; got NaN at {got.nonzero().tolist()}")
+        assert torch.isfinite(lse).all(), f"rank {r}: a NaN output changed the LSE"
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_every_row_of_a_large_batch_is_merged(impl, device, merge_check, dtype):
+    """A batch past any row cap (``LARGE_BATCH``): every row within the bound (rows past a cap
+    come back unwritten or wrong)."""
+    n, h, d = 2, 2, 8
+    outs, lses = partials(n, LARGE_BATCH, h, d, dtype, seed=17, device=device)
+    out, lse = _merge(impl, outs, lses, 1)
+    assert tuple(out.shape) == (LARGE_BATCH, h // n, d), tuple(out.shape)
+    merge_check(out.cpu(), lse.cpu(), outs.cpu(), lses.cpu(), heads=heads_of(1, n, h))
 
 
 def test_repeatable_and_batch_invariant(impl, device):

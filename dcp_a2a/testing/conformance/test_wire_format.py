@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 import torch
 
-from dcp_a2a.testing.data import DTYPES, assert_unmodified, partials, poison_like, snapshot
+from dcp_a2a.testing.data import (DTYPES, LARGE_BATCH, assert_unmodified, partials,
+                                  poison_like, snapshot)
 from dcp_a2a.testing.conformance._refusals import STRIDE_WORDS, refused_instead
 from dcp_a2a.testing.conformance._spec import expected_send, pack_dim, raw_bits
 
@@ -61,6 +62,14 @@ def test_send_buffer_matches_spec(impl, device, dtype, n, d):
     outs, lses = partials(1, 3, 2 * n, d, dtype, seed=31 * n + d, device=device)
     send = _pack(impl, outs[0], lses[0], n)  # which also checks the inputs' bits
     _assert_wire_equal(send, expected_send(outs[0], lses[0], n))
+
+
+def test_send_buffer_of_a_large_batch_matches_spec(impl, device):
+    """Every row of a batch past any row cap (``LARGE_BATCH``) goes out as the spec says: the
+    send buffer is poisoned first, so rows past a cap come back as NaN words."""
+    outs, lses = partials(1, LARGE_BATCH, 2, 8, torch.bfloat16, seed=17, device=device)
+    send = _pack(impl, outs[0], lses[0], 2)
+    _assert_wire_equal(send, expected_send(outs[0], lses[0], 2))
 
 
 @pytest.mark.parametrize("lse_dtype", [torch.bfloat16, torch.float16], ids=str)
