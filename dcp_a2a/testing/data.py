@@ -12,10 +12,12 @@ import torch
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
-# A batch past any row cap an implementation may carry: a buffer preallocated for the engine's
-# largest batch, a grid axis of at most 65535 programs (CUDA's y and z), a 16-bit row index. Past
-# 2^16 on a GPU; on the CPU, where the Triton interpreter takes 8k rows in about a second, 8195.
-LARGE_BATCH = (1 << 16) + 3 if torch.cuda.is_available() else 8195
+def large_batch(device) -> int:
+    """A batch past any row cap an implementation may carry: a buffer preallocated for the
+    engine's largest batch, a grid axis of at most 65535 programs (CUDA's y and z), a 16-bit row
+    index. Past 2^16 on a GPU; on the CPU, where the Triton interpreter takes 8k rows in about a
+    second, 8195."""
+    return (1 << 16) + 3 if torch.device(device).type == "cuda" else 8195
 
 
 def partials(n: int, b: int, h: int, d: int, dtype: torch.dtype, *, seed: int = 0,

@@ -13,8 +13,8 @@ import math
 import pytest
 import torch
 
-from dcp_a2a.testing.data import (DTYPES, LARGE_BATCH, assert_unmodified, heads_of, partials,
-                                  snapshot)
+from dcp_a2a.testing.data import (DTYPES, assert_unmodified, heads_of, large_batch,
+                                  partials, snapshot)
 from dcp_a2a.testing.conformance._refusals import (NOT_DIVISIBLE_WORDS, TripwireGroup,
                                                    dtype_words, refused)
 from dcp_a2a.testing.conformance._spec import build_recv, pack_dim, raw_bits
@@ -116,12 +116,12 @@ def test_a_nan_partial_of_positive_weight_is_not_hidden(impl, device, dtype):
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
 def test_every_row_of_a_large_batch_is_merged(impl, device, merge_check, dtype):
-    """A batch past any row cap (``LARGE_BATCH``): every row within the bound (rows past a cap
-    come back unwritten or wrong)."""
-    n, h, d = 2, 2, 8
-    outs, lses = partials(n, LARGE_BATCH, h, d, dtype, seed=17, device=device)
+    """A batch past any row cap (``testing.data.large_batch``): every row within the bound (rows
+    past a cap come back unwritten or wrong)."""
+    n, b, h, d = 2, large_batch(device), 2, 8
+    outs, lses = partials(n, b, h, d, dtype, seed=17, device=device)
     out, lse = _merge(impl, outs, lses, 1)
-    assert tuple(out.shape) == (LARGE_BATCH, h // n, d), tuple(out.shape)
+    assert tuple(out.shape) == (b, h // n, d), tuple(out.shape)
     merge_check(out.cpu(), lse.cpu(), outs.cpu(), lses.cpu(), heads=heads_of(1, n, h))
 
 

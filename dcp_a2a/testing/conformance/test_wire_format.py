@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from dcp_a2a.testing.data import (DTYPES, LARGE_BATCH, assert_unmodified, partials,
+from dcp_a2a.testing.data import (DTYPES, assert_unmodified, large_batch, partials,
                                   poison_like, snapshot)
 from dcp_a2a.testing.conformance._refusals import STRIDE_WORDS, refused_instead
 from dcp_a2a.testing.conformance._spec import expected_send, pack_dim, raw_bits
@@ -65,9 +65,9 @@ def test_send_buffer_matches_spec(impl, device, dtype, n, d):
 
 
 def test_send_buffer_of_a_large_batch_matches_spec(impl, device):
-    """Every row of a batch past any row cap (``LARGE_BATCH``) goes out as the spec says: the
-    send buffer is poisoned first, so rows past a cap come back as NaN words."""
-    outs, lses = partials(1, LARGE_BATCH, 2, 8, torch.bfloat16, seed=17, device=device)
+    """Every row of a batch past any row cap (``testing.data.large_batch``) goes out as the
+    spec says: the send buffer is poisoned first, so rows past a cap come back as NaN words."""
+    outs, lses = partials(1, large_batch(device), 2, 8, torch.bfloat16, seed=17, device=device)
     send = _pack(impl, outs[0], lses[0], 2)
     _assert_wire_equal(send, expected_send(outs[0], lses[0], 2))
 
