@@ -20,22 +20,36 @@ def sanitize_lse(lses: torch.Tensor) -> torch.Tensor:
     return torch.where(torch.isnan(s) | (s == math.inf), torch.full_like(s, -math.inf), s)
 
 
-def _weights(lses: torch.Tensor, is_lse_base_on_e: bool, with_shift: bool = False):
-    """Normalised weights w[N, B, H] (float64) and the merged LSE g[B, H] (and, when asked,
-    the shifts x_n = s_n - max_k s_k, 0 where s_n is -inf)."""
+def _unnormalised(lses: torch.Tensor, is_lse_base_on_e: bool):
+    """(e^{x_n} [N, B, H], x_n = s_n - max_k s_k, the row max m with 0 for a row of -inf),
+    float64; e^{x_n} is 0 where s_n is -inf."""
     s = sanitize_lse(lses)
     m = s.amax(dim=0)
     m_safe = torch.where(torch.isinf(m), torch.zeros_like(m), m)
     shifted = s - m_safe
-    e = torch.exp(shifted) if is_lse_base_on_e else torch.exp2(shifted)
+    return (torch.exp(shifted) if is_lse_base_on_e else torch.exp2(shifted)), shifted, m_safe
+
+
+def _weights(lses: torch.Tensor, is_lse_base_on_e: bool, with_shift: bool = False):
+    """Normalised weights w[N, B, H] (float64) and the merged LSE g[B, H] (and, when asked,
+    the shifts x_n = s_n - max_k s_k, 0 where s_n is -inf)."""
+    e, shifted, m_safe = _unnormalised(lses, is_lse_base_on_e)
     total = e.sum(dim=0)
     w = torch.where(total > 0, e / torch.where(total > 0, total, torch.ones_like(total)), 0.0)
     log = torch.log if is_lse_base_on_e else torch.log2
     g = torch.where(total > 0, m_safe + log(torch.where(total > 0, total, torch.ones_like(total))),
-                    torch.full_like(m, -math.inf))
+                    torch.full_like(m_safe, -math.inf))
     if with_shift:
         return w, g, torch.where(torch.isinf(shifted), torch.zeros_like(shifted), shifted)
     return w, g
+
+
+def _check_lses(lses: torch.Tensor) -> None:
+    """lses[N, B, H], floating point: a clear error otherwise."""
+    if not isinstance(lses, torch.Tensor) or not lses.dtype.is_floating_point:
+        raise TypeError(f"lses must be a floating-point torch.Tensor, got {lses!r:.60}")
+    if lses.dim() != 3:
+        raise ValueError(f"expected lses[N, B, H], got {tuple(lses.shape)}")
 
 
 def _check_pair(outputs: torch.Tensor, lses: torch.Tensor) -> None:
@@ -86,10 +100,7 @@ def mean_shift(lses: torch.Tensor, is_lse_base_on_e: bool = True) -> torch.Tenso
     weights spreads over every rank. X <= min((N-1)/e, ln N) nats (each w|x| <= 1/e; and
     X = H(w) - ln sum_k e^{x_k} <= ln N, the entropy bound; base 2: both over ln 2); the exact
     value is tighter than either."""
-    if not isinstance(lses, torch.Tensor) or not lses.dtype.is_floating_point:
-        raise TypeError(f"lses must be a floating-point torch.Tensor, got {lses!r:.60}")
-    if lses.dim() != 3:
-        raise ValueError(f"expected lses[N, B, H], got {tuple(lses.shape)}")
+    _check_lses(lses)
     w, _, shift = _weights(lses, is_lse_base_on_e, with_shift=True)
     return (w * shift.abs()).sum(dim=0)
 
@@ -100,14 +111,8 @@ def weight_total(lses: torch.Tensor, is_lse_base_on_e: bool = True) -> torch.Ten
     sum_n e^{x_n} o_n and divides by s last has partial sums up to s * sum_n w_n |o_n|, s times
     the normalised merge's: where that reaches float32's overflow threshold it can round to inf
     (tolerances.yaml, ``overflow``)."""
-    if not isinstance(lses, torch.Tensor) or not lses.dtype.is_floating_point:
-        raise TypeError(f"lses must be a floating-point torch.Tensor, got {lses!r:.60}")
-    if lses.dim() != 3:
-        raise ValueError(f"expected lses[N, B, H], got {tuple(lses.shape)}")
-    s = sanitize_lse(lses)
-    m = s.amax(dim=0)
-    shifted = s - torch.where(torch.isinf(m), torch.zeros_like(m), m)
-    return (torch.exp(shifted) if is_lse_base_on_e else torch.exp2(shifted)).sum(dim=0)
+    _check_lses(lses)
+    return _unnormalised(lses, is_lse_base_on_e)[0].sum(dim=0)
 
 
 def small_weight_magnitude(outputs: torch.Tensor, lses: torch.Tensor, is_lse_base_on_e: bool,

@@ -23,7 +23,7 @@ import math
 import pytest
 import torch
 
-from dcp_a2a.reference import mean_shift
+from dcp_a2a.reference import mean_shift, weight_total
 from dcp_a2a.testing import tolerances as tol
 from dcp_a2a.testing.compare import check_merge, oracle_bounds
 from dcp_a2a.testing.degraded import (EX2_APPROX_REL, FP32, clamped_exponent, fp32_merge,
@@ -200,6 +200,22 @@ def test_mean_shift_is_bounded_by_ln_n_and_n_minus_1_over_e(n):
     if n == 2:  # w|x| at its maximum 1/e for one rank; the two-rank optimum is close to it
         s = torch.tensor([0.0, -1.2785], dtype=torch.float64).view(2, 1, 1)
         assert float(mean_shift(s)) > 0.27
+
+
+def test_weight_total_is_the_unnormalised_sum():
+    """s = sum_n e^{x_n}: N for equal LSEs, 1 when one rank dominates, 1 + 2^-k for a rank k
+    bits below the max in base 2, 0 for a row of -inf (NaN and +inf count as -inf)."""
+    lses = torch.tensor([[0.0, 5.0, -3.0, -math.inf],
+                         [0.0, -95.0, -4.0, math.nan],
+                         [0.0, -99.0, -math.inf, math.inf]]).view(3, 1, 4)
+    s = weight_total(lses, False)[0]
+    assert s.dtype == torch.float64
+    assert s.tolist() == [3.0, 1.0 + 2.0 ** -100 + 2.0 ** -104, 1.0 + 2.0 ** -1, 0.0]
+    assert float(weight_total(lses[:, :, :1])) == 3.0
+    with pytest.raises(ValueError, match=r"lses\[N, B, H\]"):
+        weight_total(lses[0])
+    with pytest.raises(TypeError, match="floating-point"):
+        weight_total(lses.to(torch.int32))
 
 
 def test_bad_input_is_a_clear_error():
