@@ -180,6 +180,11 @@ def load_impl(spec: str | None = None) -> Implementation:
         raise ValueError(f"cannot import implementation module {mod_name!r}: {e} (a module of "
                          "your own: run from its directory, put that on PYTHONPATH, or pass "
                          "the file, --impl path/to/adapter.py)") from e
+    except SystemExit as e:  # a script, or an adapter bailing out: never the caller's exit
+        raise ValueError(f"implementation module {mod_name!r} exited while it was imported "
+                         f"(SystemExit({e.code!r})): an implementation must define its "
+                         "functions, not run (a script? guard its main with if __name__ == "
+                         "'__main__')") from None
     except Exception as e:  # its own code raised while importing: a usage error, not a crash
         import traceback
 

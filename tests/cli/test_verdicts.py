@@ -63,6 +63,43 @@ def test_an_unusable_implementation_is_one_usage_error(tmp_path, monkeypatch, ca
     assert not (tmp_path / "validation.json").exists()
 
 
+EXITS = {"exit_0": "import sys\nsys.exit(0)\n", "bare_exit": "import sys\nsys.exit()\n",
+         "script": "def main():\n    pass\n\nraise SystemExit(main())\n"}
+
+
+@pytest.mark.parametrize("kind", list(EXITS))
+def test_an_implementation_that_exits_at_import_is_one_usage_error(tmp_path, monkeypatch, capsys,
+                                                                   kind):
+    """A module that exits while it is imported (a script whose main is not guarded, an adapter
+    that bails out) ended validate with exit status 0: no summary, no report, a green CI job
+    that tested nothing. Now a usage error naming it, before any pytest session."""
+    from dcp_a2a.testing import cli
+
+    impl = tmp_path / f"exits_{kind}.py"
+    impl.write_text(EXITS[kind])
+    monkeypatch.delenv("DCP_A2A_IMPL", raising=False)
+    code = cli.main(["validate", "--impl", str(impl), "--quick", "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    assert code == cli.EXIT_USAGE, err
+    assert f"'exits_{kind}' exited while it was imported" in err, err
+    assert not (tmp_path / "o" / "validation.json").exists()
+
+
+def test_the_real_commands_refuse_an_implementation_that_exits(tmp_path):
+    """The same through the installed commands: ``dcp-a2a validate`` exits 2 and pytest's
+    entry point 4 (a usage error), where both exited 0."""
+    impl = tmp_path / "exits_now.py"
+    impl.write_text(EXITS["exit_0"])
+    proc = _run(["validate", "--impl", str(impl), "--quick", "--out", str(tmp_path / "o")])
+    assert proc.returncode == 2 and "exited while it was imported" in proc.stderr, \
+        proc.stdout[-2000:] + proc.stderr[-2000:]
+    proc = _run(["-p", "dcp_a2a.testing.plugin", "--pyargs", "dcp_a2a.testing.conformance",
+                 "-m", "conformance", "--co", "-q", "-p", "no:cacheprovider", "--impl", str(impl)],
+                module="pytest", cwd=tmp_path)
+    assert proc.returncode == 4 and "exited while it was imported" in proc.stderr, \
+        proc.stdout[-2000:] + proc.stderr[-2000:]
+
+
 PARTIAL = '''
 """A partial implementation: the pure-PyTorch pack and combine, no lse_reduce."""
 from dcp_a2a.reference.contract import lse_pack_dim, pack_send, unpack_combine
