@@ -130,9 +130,12 @@ def summary_table(report: dict) -> str:
 
 
 def implementation_line(report: dict) -> str:
-    """The first line of every summary: exactly whose code the numbers below measured."""
+    """The first line of every summary: exactly whose code the numbers below measured, and what
+    of the contract it lacks (a PASS of a partial implementation skipped those tests)."""
     i = report["implementation"]
-    return f"implementation under test: {i['described']}"
+    lacks = i.get("missing") or []
+    return (f"implementation under test: {i['described']}"
+            + (f"; lacks {', '.join(lacks)} (tests needing it skip)" if lacks else ""))
 
 
 def failures_by_clause(fails: list[dict]) -> dict[str, list]:

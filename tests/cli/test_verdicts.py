@@ -120,7 +120,9 @@ def test_a_partial_foreign_implementation_skips_what_it_lacks_and_reports_only_i
                  "-j", "0", "--out", str(out)], env={"PYTHONPATH": str(ROOT)}, cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     lines = proc.stdout.splitlines()
-    assert lines[0] == f"implementation under test: partial_impl ({tmp_path / 'partial_impl.py'})"
+    described = f"partial_impl ({tmp_path / 'partial_impl.py'})"
+    assert lines[0] == (f"implementation under test: {described}; lacks lse_reduce (tests "
+                        "needing it skip)")
     rep = json.loads((out / "validation.json").read_text())
     assert rep["implementation"]["missing"] == ["lse_reduce"]
     skips = {t["nodeid"]: t["text"] for t in rep["tests"] if t["outcome"] == "skipped"}
