@@ -138,7 +138,7 @@ def _path_from_environment() -> None:
 def importable(spec: str) -> str:
     """``spec`` in module form, its module importable here and in the processes started from
     here: ``path/to/adapter.py[:attr]`` becomes ``adapter[:attr]`` with its directory on the
-    path; a module that only the working directory holds (``--impl my_adapter`` run next to
+    path, a package directory ``path/to/pkg[:attr]`` becomes ``pkg[:attr]`` likewise; a module that only the working directory holds (``--impl my_adapter`` run next to
     my_adapter.py) gets the working directory on the path, as ``python -m`` would."""
     target, sep, attr = spec.partition(":")
     if target.endswith(".py"):
@@ -147,6 +147,16 @@ def importable(spec: str) -> str:
             raise ValueError(f"implementation file {target!r} does not exist")
         _put_on_path(str(path.resolve().parent))
         return path.stem + sep + attr
+    if os.sep in target or target.startswith("."):  # a path: a package directory
+        path = Path(target).expanduser().resolve()
+        if not (path / "__init__.py").is_file():
+            raise ValueError(f"implementation path {target!r} is neither a .py file nor a "
+                             "package directory (one with __init__.py)")
+        if not path.name.isidentifier():
+            raise ValueError(f"implementation package directory {target!r}: {path.name!r} is "
+                             "not a module name")
+        _put_on_path(str(path.parent))
+        return path.name + sep + attr
     top = target.split(".")[0]
     here = Path.cwd()
     if top.isidentifier() and ((here / f"{top}.py").is_file()

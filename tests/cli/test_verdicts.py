@@ -286,6 +286,27 @@ def test_a_file_spec_is_loaded_from_its_directory(tmp_path, monkeypatch):
         impl_mod.load_impl("nowhere/x.py")
 
 
+def test_a_package_directory_spec_is_loaded_like_a_file(tmp_path, monkeypatch):
+    """``--impl path/to/pkg[/][:attr]`` (a directory with __init__.py) was "No module named
+    '/path/to/pkg'": now its module form, the parent directory on the path as for a file; a
+    directory that is not a package is a usage error naming the path."""
+    from dcp_a2a.testing import impl as impl_mod
+
+    pkg = tmp_path / "src" / "dir_adapter"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text(ADAPTER)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.setenv("PYTHONPATH", "")
+    monkeypatch.chdir(tmp_path)
+    for spec in ("src/dir_adapter", "src/dir_adapter/", str(pkg)):
+        got = impl_mod.load_impl(spec)
+        assert got.spec == "dir_adapter" and got.missing() == [], spec
+        assert got.file == str(pkg / "__init__.py")
+    assert os.environ["PYTHONPATH"].split(os.pathsep)[0] == str(tmp_path / "src")
+    with pytest.raises(ValueError, match="'src/' is neither a .py file nor a package directory"):
+        impl_mod.load_impl("src/")
+
+
 def test_a_worker_that_inherits_the_path_late_imports_the_file_module(tmp_path, monkeypatch):
     """An xdist worker gets the module form and the controller's PYTHONPATH, but its sys.path
     was fixed before the controller put the file's directory there (``pytest -n 2 --impl
