@@ -56,10 +56,11 @@ def _interpreted(launches):
     ``num_warps`` (a launch option, never a constexpr of ours) changes nothing it executes, so
     launches differing only there would repeat the same run (on the CPU they were 10 a kind,
     not 4, and this test's 51 s of CI time)."""
-    seen = []
+    seen, keys = [], set()
     for cfg in launches:
-        if dataclasses.replace(cfg, num_warps=1) not in [dataclasses.replace(c, num_warps=1)
-                                                         for c in seen]:
+        key = dataclasses.replace(cfg, num_warps=1)
+        if key not in keys:
+            keys.add(key)
             seen.append(cfg)
     return seen
 
