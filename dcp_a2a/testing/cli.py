@@ -16,6 +16,7 @@ from .gpucheck import STEPS as GPU_CHECK_STEPS
 
 # exit statuses of ``validate``
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_NOT_RUN, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+EXIT_NOTHING_VALIDATED = 5  # pytest's "no tests ran"
 
 
 def _tier_list(value: str) -> list[str]:
@@ -108,7 +109,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "DIR/validation.md and DIR/ulp_<dtype>.png. Exit status: 0 all ran tiers "
                     "passed, 1 a failure, 2 usage error (an empty or unusable --impl too), 3 "
                     "something asked for cannot run here (a tier named in --tiers, or the evals "
-                    "of --evals), 130 interrupted.")
+                    "of --evals), 5 nothing validated (no test passed, or a tier named in "
+                    "--tiers passed none), 130 interrupted.")
     v.add_argument("--impl", default=None, metavar="SPEC",
                    help="implementation under test, package.module[:attr] (default: "
                         "$DCP_A2A_IMPL or dcp_a2a; an empty value is refused); passed to pytest "
@@ -406,12 +408,22 @@ def validate(args) -> int:
     requested_not_run = [p.name for p in plans if requested and p.name in requested and not p.run]
     # --evals (or --tiers e2e) asks for the model-level jobs too: one that cannot run is not a pass
     requested_not_run += [f"evals:{e.name}" for e in evals if e.status == "not run"]
+    # a PASS needs something validated: not when no test passed at all (a -k that selects
+    # nothing, every test skipped), nor when a tier asked for by name passed none
+    validated = tot["passed"] + tot["xpassed"] + sum(e.status == "passed" for e in evals)
+    nothing_validated = [f"{t.name} ({t.status})" for t in tiers
+                         if requested and t.name in requested and t.status in ("no tests",
+                                                                              "skipped")]
+    if not validated:
+        nothing_validated = ["no test passed"] + nothing_validated
     if interrupted:
         code = EXIT_INTERRUPTED
     elif failed:
         code = EXIT_FAILED
     elif requested_not_run:
         code = EXIT_NOT_RUN
+    elif nothing_validated:
+        code = EXIT_NOTHING_VALIDATED
     else:
         code = EXIT_OK
     ran = [t for t in tiers if t.status != "not run"]
@@ -440,6 +452,7 @@ def validate(args) -> int:
         "worst_ratio": worst,
         "headroom": val.headroom(worst),
         "requested_not_run": requested_not_run,
+        "nothing_validated": nothing_validated,
         "untiered_tests": untiered,
         "selfcheck_tests": selfcheck,
         "dtypes": dtypes,
@@ -469,6 +482,8 @@ def validate(args) -> int:
         print(f"note: the {len(selfcheck)} self-check tests belong to no tier by design (they "
               f"run the conformance tier against every mutant; run them with "
               f"`python -m dcp_a2a.testing.selfcheck`)")
+    if code == EXIT_NOTHING_VALIDATED:
+        print(f"nothing validated: {', '.join(nothing_validated)} (exit status 5: not a pass)")
     if requested_not_run:
         print(f"asked for but cannot run here: {', '.join(requested_not_run)} (exit status 3)")
         for e in evals:

@@ -80,7 +80,7 @@ def summary_table(report: dict) -> str:
                 notes.append(f"  {'evals:' + e['name']:<12} failed: {e.get('reason') or '?'} "
                              f"(log: {e.get('log')})")
     tot = report["totals"]
-    rows.append(("total", "PASS" if report["ok"] else "FAIL", str(tot["cases"]),
+    rows.append(("total", verdict_mark(report), str(tot["cases"]),
                  str(tot["passed"] + tot["xpassed"]),
                  str(tot["failed"] + tot["error"]), str(tot["skipped"]), str(tot["xfailed"]),
                  fmt_ratio(report.get("worst_ratio")), fmt_headroom(report.get("headroom")),
@@ -127,6 +127,18 @@ def summary_table(report: dict) -> str:
             f"report: {report['paths']['markdown']}  {report['paths']['json']}"
             + "".join(f"  {p}" for p in report["paths"]["png"].values())]
     return "\n".join(out)
+
+
+def verdict_mark(report: dict) -> str:
+    """The total row's status: PASS, EMPTY (nothing validated: exit status 5) or FAIL."""
+    if report["ok"]:
+        return "PASS"
+    return "EMPTY" if report.get("nothing_validated") and report["exit_status"] == 5 else "FAIL"
+
+
+def verdict_word(report: dict) -> str:
+    return {"PASS": "passed", "EMPTY": "nothing validated", "FAIL": "FAILED"}[
+        verdict_mark(report)]
 
 
 def implementation_line(report: dict) -> str:
@@ -278,7 +290,7 @@ def write_json(report: dict, path: Path) -> None:
 def write_markdown(report: dict, path: Path) -> None:
     m = report["machine"]
     o = report["options"]
-    L = [f"# dcp_a2a validation — {'PASSED' if report['ok'] else 'FAILED'}", ""]
+    L = [f"# dcp_a2a validation — {verdict_word(report).upper()}", ""]
     L.append(f"{report['started_at']} · wall {fmt_time(report['wall_s'])} · exit status "
              f"{report['exit_status']}" + (" · quick subset" if o["quick"] else ""))
     impl = report["implementation"]
@@ -317,7 +329,7 @@ def write_markdown(report: dict, path: Path) -> None:
                  f"{t['left_out']} | {t.get('other_code', 0)} | {fmt_ratio(t['worst_ratio'])} | "
                  f"{fmt_headroom(t['headroom'])} | {fmt_time(t['time_s'])} | {wcs} |")
     tot = report["totals"]
-    L.append(f"| **total** | {'passed' if report['ok'] else 'FAILED'} | {tot['cases']} | "
+    L.append(f"| **total** | {verdict_word(report)} | {tot['cases']} | "
              f"{tot['passed'] + tot['xpassed']} | {tot['failed'] + tot['error']} "
              f"| {tot['skipped']} | {tot['xfailed']} | | | | {fmt_ratio(report.get('worst_ratio'))} | "
              f"{fmt_headroom(report.get('headroom'))} | {fmt_time(report['wall_s'])} (wall) | |")

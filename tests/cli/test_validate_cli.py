@@ -156,6 +156,24 @@ def test_quick_subset_and_passing_exit(tmp_path, capsys):
     assert _tier(rep, "numerics")["status"] == "not run"
 
 
+@pytest.mark.parametrize("args, nothing", [
+    (["--tiers", "unit,kernel", "--", "-k", "no_test_is_called_this"],
+     ["no test passed", "unit (no tests)", "kernel (no tests)"]),
+    (["--tiers", "unit,numerics"], ["numerics (skipped)"])], ids=["deselected", "all_skipped"])
+def test_nothing_validated_is_not_a_pass(tmp_path, capsys, args, nothing):
+    """A run in which no test passed (a -k that selects nothing) said PASS with 0 cases and exit
+    status 0; so did a tier asked for by name whose every test skipped. Exit status 5
+    (pytest's "no tests ran"), the total EMPTY, and the report says what was not validated."""
+    code, rep, out = _validate(tmp_path, "--quick", "--no-plots", *args, failing=False)
+    summary = capsys.readouterr().out
+    assert code == cli.EXIT_NOTHING_VALIDATED and not rep["ok"], summary
+    assert rep["nothing_validated"] == nothing and rep["exit_status"] == 5
+    total = next(ln for ln in summary.splitlines() if ln.startswith("total"))
+    assert total.split()[1] == "EMPTY", total
+    assert f"nothing validated: {', '.join(nothing)} (exit status 5: not a pass)" in summary
+    assert (out / "validation.md").read_text().startswith("# dcp_a2a validation — NOTHING")
+
+
 def test_unknown_tier_is_a_usage_error(capsys):
     with pytest.raises(SystemExit) as e:
         cli.main(["validate", "--tiers", "unit,nope"])
