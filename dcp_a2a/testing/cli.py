@@ -168,7 +168,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "(every mutant killed with the kernels compiled; the reference contract "
                     "passing), the accuracy job on every visible GPU over NCCL, and a quick "
                     "kernel benchmark; write DIR/gpu-check.md and print one summary. Exit "
-                    "status: 0 all passed, 1 a step failed, 3 no CUDA GPU here.")
+                    "status: 0 all passed, 1 a step failed, 3 no CUDA GPU here, 5 every step "
+                    "skipped (nothing checked).")
     g.add_argument("--out", type=Path, default=Path("gpu-check"), metavar="DIR",
                    help="report directory (default ./gpu-check)")
     g.add_argument("-j", "--workers", type=_workers, default=None, metavar="N",

@@ -18,7 +18,8 @@ Everything lands in ``DIR`` (default ./gpu-check): validation.{json,md}, selfche
 accuracy.json, bench.json, the logs, and gpu-check.md with the summary printed at the end.
 ``--skip STEP`` leaves steps out (the summary then says which; it never reads as a full pass).
 Exit status: 0 every step run passed, 1 a step failed, 2 TRITON_INTERPRET is set (the
-interpreter is not what gpu-check judges), 3 no CUDA GPU here.
+interpreter is not what gpu-check judges), 3 no CUDA GPU here, 5 every step skipped (nothing
+checked).
 """
 
 from __future__ import annotations
@@ -222,17 +223,23 @@ def bench_step(out: Path, env: dict) -> Step:
 STEPS = ("validate", "selfcheck", "accuracy", "bench")
 
 
+def exit_status(steps: list[Step]) -> int:
+    """0 every step run passed, 1 one failed, 5 none ran (every step skipped: nothing was
+    checked, as validate's exit status 5 says)."""
+    if all(s.status == "skipped" for s in steps):
+        return 5
+    return 0 if all(s.status in ("passed", "skipped") for s in steps) else 1
+
+
 def summary(steps: list[Step], machine: str) -> str:
-    ran = [s for s in steps if s.status != "skipped"]
-    ok = all(s.status == "passed" for s in ran)
     w = max(len(s.name) for s in steps)
     lines = [f"dcp-a2a gpu-check on {machine}", ""]
     for s in steps:
         lines.append(f"{s.name:<{w}}  {s.status.upper() if s.status != 'passed' else 'passed':<7}"
                      f" {s.wall_s:7.1f} s  {s.detail}")
     skipped = [s.name for s in steps if s.status == "skipped"]
-    verdict = "PASS" if ok else "FAIL"
-    if skipped:
+    verdict = {0: "PASS", 1: "FAIL", 5: "NOTHING CHECKED"}[exit_status(steps)]
+    if skipped and len(skipped) < len(steps):
         verdict += f" (of the steps run; skipped: {', '.join(skipped)})"
     lines += ["", "gpu-check: " + verdict]
     return "\n".join(lines)
@@ -268,4 +275,4 @@ def main(args) -> int:
     text = summary(steps, machine)
     (out / "gpu-check.md").write_text("```\n" + text + "\n```\n")
     print("\n" + text, flush=True)
-    return 0 if all(s.status in ("passed", "skipped") for s in steps) else 1
+    return exit_status(steps)

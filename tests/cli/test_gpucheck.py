@@ -51,6 +51,15 @@ def test_a_skipped_step_never_reads_as_a_full_pass():
     assert gpucheck.summary(steps, "a machine").endswith(
         "gpu-check: FAIL (of the steps run; skipped: selfcheck)")
     assert gpucheck.summary(steps[:1], "m").endswith("gpu-check: PASS")
+    assert [gpucheck.exit_status(x) for x in (steps[:1], steps[:2], steps)] == [0, 0, 1]
+
+
+def test_every_step_skipped_is_nothing_checked_not_a_pass():
+    """``gpu-check --skip validate selfcheck accuracy bench`` said PASS and exited 0 having run
+    nothing; now it says so and exits 5, as validate does when nothing was validated."""
+    steps = [gpucheck.Step(name, "skipped", 0.0, "--skip") for name in gpucheck.STEPS]
+    assert gpucheck.summary(steps, "m").endswith("gpu-check: NOTHING CHECKED")
+    assert gpucheck.exit_status(steps) == 5
 
 
 def test_validate_step_runs_the_command_line_and_the_dependency_runs_one_way(monkeypatch,
