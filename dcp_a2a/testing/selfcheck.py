@@ -14,7 +14,8 @@ Runs ``pytest -m conformance --impl SPEC -n JOBS`` once per implementation:
 
 Prints a kill table (mutant, killed?, first failing test, time) and the wall time of each
 correct implementation's full run, and exits non-zero if a mutant survives, a correct
-implementation fails, or a run could not be judged (collection errors, timeout). Per-test
+implementation fails, or a run could not be judged (collection errors, timeout): 1; 5 when
+nothing was checked (no run selected, or every one needs GPUs this machine lacks). Per-test
 outcomes come from the suite's own result recorder (``dcp_a2a.testing.recorder``), so whatever
 the conformance tier contains, the first failing test is read from pytest, not from its text
 output.
@@ -514,10 +515,13 @@ def main(argv=None) -> int:
               + (f" — first failure {r.first_failure}: {r.failure_text}" if r.first_failure
                  else "")
               + "".join(f"\n  {n}" for n in r.notes) + f"\n  log: {r.log}")
+    checked = [r for r in runs if r.verdict != "not run"]
+    if not checked:
+        print("\nnothing checked: no run selected, or none this machine can run (exit status 5)")
     if args.json:
         args.json.write_text(json.dumps({"runs": [asdict(r) for r in runs], "seconds": total,
-                                         "ok": not bad}, indent=1))
-    return 1 if bad else 0
+                                         "ok": not bad and bool(checked)}, indent=1))
+    return 1 if bad else (0 if checked else 5)
 
 
 if __name__ == "__main__":

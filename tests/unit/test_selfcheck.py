@@ -48,6 +48,18 @@ def test_corpus_has_a_dozen_described_mutants():
                                                f"the failure class, got {desc!r}"
 
 
+def test_a_selfcheck_that_checks_nothing_is_not_a_pass(tmp_path):
+    """No correct implementation and no mutant (or only mutants this machine cannot run) said
+    "0/0 mutants killed" and exited 0; now exit status 5 and ``ok`` false."""
+    proc, report = _selfcheck(tmp_path, "--correct", "--no-mutants", timeout=120)
+    assert proc.returncode == 5 and "nothing checked" in proc.stdout, proc.stdout + proc.stderr
+    assert report["runs"] == [] and report["ok"] is False
+    if gpu_count() == 0:  # a GPU-only mutant alone: not run here, so nothing checked
+        proc, report = _selfcheck(tmp_path, "--correct", "--only", "graph_buffer_regrows",
+                                  timeout=120)
+        assert proc.returncode == 5 and report["runs"][0]["verdict"] == "not run", proc.stdout
+
+
 def test_selfcheck_fails_when_a_mutant_survives(tmp_path):
     """A correct implementation judged as a mutant survives (no test fails), so the self-check
     exits non-zero and says which one; a real mutant in the same run is killed."""
