@@ -279,6 +279,11 @@ def run(args: argparse.Namespace, pg=None, device=None, on_case=None) -> dict | 
 
     plan = [(shape, dt_name, base_e) for shape in shapes for dt_name in args.dtype
             if shape.dtype is None or shape.dtype == dt_name for base_e in bases]
+    if not plan:  # every rank plans alike, so every rank refuses: no collective is left waiting
+        raise ValueError("no case to run: " + (
+            f"no shape's H is divisible by the world size {world} ({', '.join(skipped)})"
+            if not shapes else f"the shapes ({', '.join(map(str, shapes))}) are restricted to "
+            f"other dtypes than --dtype {','.join(args.dtype)}"))
     merged = []
     meta = dict(world_size=world, dist_backend=dist.get_backend(pg),
                 device=str(device) if not gpu else torch.cuda.get_device_name(device),

@@ -214,6 +214,18 @@ def test_accuracy_refuses_an_unwritable_out_before_the_first_case(tmp_path):
     assert "cases" not in proc.stdout and time.monotonic() - t0 < 60
 
 
+def test_accuracy_with_no_case_to_run_is_a_usage_error(tmp_path):
+    """--shapes restricted to another dtype than --dtype planned 0 cases and the job said
+    "0 cases, 0 failed", ok, exit 0: a green accuracy job that checked nothing."""
+    out = tmp_path / "acc.json"
+    proc = _run(["--out", str(out), "--shapes", "4x8x24:float16", "--dtype", "float32"],
+                module="dcp_a2a.testing.accuracy")
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert ("no case to run: the shapes (4x8x24) are restricted to other dtypes than --dtype "
+            "float32") in proc.stderr
+    assert not out.exists() or not json.loads(out.read_text()).get("ok")
+
+
 KEEPS_CASES = '''
 import sys
 from dcp_a2a.testing import accuracy
