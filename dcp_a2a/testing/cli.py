@@ -315,6 +315,11 @@ def validate(args) -> int:
         print(f"dcp-a2a validate: {e}", file=sys.stderr)
         return EXIT_USAGE
     missing = impl_obj.missing()
+    out_dir = args.out.resolve()
+    problem = val.out_dir_problem(out_dir)
+    if problem:
+        print(f"dcp-a2a validate: --out {args.out}: {problem}", file=sys.stderr)
+        return EXIT_USAGE
     suite = val.find_suite(args.suite)
 
     machine = val.detect_machine(args.gsm8k_dir, args.eval_model)
@@ -335,8 +340,6 @@ def validate(args) -> int:
     if extra and extra[0] == "--":
         extra = extra[1:]
 
-    out_dir = args.out.resolve()
-    out_dir.mkdir(parents=True, exist_ok=True)
     progress = Progress(not args.no_progress)
     progress.message(
         f"dcp-a2a validate: impl {impl_obj.describe()}, device {machine['device']} "

@@ -260,8 +260,13 @@ def main(args) -> int:
               "Triton's interpreter; gpu-check judges the compiled kernels (unset "
               "TRITON_INTERPRET)", file=sys.stderr)
         return 2
+    from .validate import out_dir_problem
+
     out = args.out.resolve()
-    out.mkdir(parents=True, exist_ok=True)
+    problem = out_dir_problem(out)
+    if problem:
+        print(f"dcp-a2a gpu-check: --out {args.out}: {problem}", file=sys.stderr)
+        return 2
     env = _env()
     skip = set(args.skip or ())
     run = {"validate": lambda: validate_step(out, args.workers, env),

@@ -63,6 +63,24 @@ def test_an_unusable_implementation_is_one_usage_error(tmp_path, monkeypatch, ca
     assert not (tmp_path / "validation.json").exists()
 
 
+@pytest.mark.parametrize("where", ["missing_parent", "a_file"])
+def test_an_unusable_out_directory_is_one_usage_error(tmp_path, monkeypatch, capsys, where):
+    """``--out`` under a directory that does not exist (or that cannot be written) ended
+    validate in a FileNotFoundError traceback, exit 1; a file as --out likewise. Now one usage
+    line, exit 2, before any pytest session (the check is ``validate.out_dir_problem``, which
+    gpu-check uses too)."""
+    from dcp_a2a.testing import cli
+
+    (tmp_path / "f").write_text("")
+    out = {"missing_parent": "/proc/nope/report", "a_file": str(tmp_path / "f")}[where]
+    monkeypatch.delenv("DCP_A2A_IMPL", raising=False)
+    code = cli.main(["validate", "--quick", "--out", out])
+    err = capsys.readouterr().err
+    assert code == cli.EXIT_USAGE and len(err.strip().splitlines()) == 1, err
+    assert err.startswith(f"dcp-a2a validate: --out {out}: "), err
+    assert ("cannot be created" if where == "missing_parent" else "is not a directory") in err
+
+
 EXITS = {"exit_0": "import sys\nsys.exit(0)\n", "bare_exit": "import sys\nsys.exit()\n",
          "script": "def main():\n    pass\n\nraise SystemExit(main())\n"}
 
