@@ -1,0 +1,49 @@
+"""Where the harness writes its results is checked before any work (``dcp_a2a.testing.
+outpaths``): a self-check or a benchmark that runs for minutes ended in a FileNotFoundError
+traceback after all its runs, losing what it measured; validate and gpu-check died the same way
+on an --out they could not create."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from dcp_a2a.testing import bench, selfcheck
+from dcp_a2a.testing.outpaths import dir_problem, file_problem
+
+pytestmark = pytest.mark.unit
+
+
+def test_dir_problem(tmp_path):
+    assert dir_problem(tmp_path / "a" / "b") is None and (tmp_path / "a" / "b").is_dir()
+    (tmp_path / "f").write_text("")
+    assert dir_problem(tmp_path / "f") == "exists and is not a directory"
+    assert dir_problem("/proc/nope/x").startswith("cannot be created (")
+
+
+def test_file_problem(tmp_path):
+    assert file_problem(tmp_path / "r.json") is None and not (tmp_path / "r.json").exists()
+    assert file_problem(tmp_path) == "is a directory"
+    assert file_problem(tmp_path / "no" / "r.json") == (
+        f"directory {tmp_path / 'no'} does not exist")
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--json", "/proc/nope/x.json"], "--json /proc/nope/x.json: directory /proc/nope does not "
+                                      "exist"),
+    (["--workdir", "/proc/nope/w"], "--workdir /proc/nope/w: cannot be created")])
+def test_selfcheck_refuses_an_unusable_output_before_any_run(capsys, argv, says):
+    t0 = time.monotonic()
+    with pytest.raises(SystemExit) as e:
+        selfcheck.main(["--correct", "--only", "truncating_output_cast", *argv])
+    assert e.value.code == 2 and says in capsys.readouterr().err
+    assert time.monotonic() - t0 < 10  # no pytest session was started
+
+
+def test_bench_refuses_an_unusable_out_before_timing(capsys):
+    with pytest.raises(SystemExit) as e:
+        bench.main(["--quick", "--out", "/proc/nope/b.json"])
+    assert e.value.code == 2
+    assert "--out /proc/nope/b.json: directory /proc/nope does not exist" in \
+        capsys.readouterr().err
