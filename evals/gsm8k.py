@@ -231,9 +231,11 @@ def check_args(ap, args) -> None:
             b != "reference" for b in args.backends):
         ap.error("--dtype float64 needs --wire-dtype float32 (or bfloat16, float16): the "
                  "combine kernels take no float64 partials")
-    out = Path(args.out)
-    if out.exists() and not out.is_dir():
-        ap.error(f"argument --out: {out} exists and is not a directory")
+    from dcp_a2a.testing.outpaths import dir_problem
+
+    why = dir_problem(args.out)  # before the model loads: a run must not end unwritable
+    if why:
+        ap.error(f"argument --out: {args.out} {why}")
 
 
 def main(argv=None) -> dict | None:

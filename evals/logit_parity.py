@@ -200,9 +200,11 @@ def parse_args(argv=None):
         check_device(args.device)
     except ValueError as e:
         ap.error(f"argument --device: {e}")
-    out = Path(args.out)
-    if out.exists() and not out.is_dir():
-        ap.error(f"argument --out: {out} exists and is not a directory")
+    from dcp_a2a.testing.outpaths import dir_problem
+
+    why = dir_problem(args.out)  # before the model loads: a run must not end unwritable
+    if why:
+        ap.error(f"argument --out: {args.out} {why}")
     return args
 
 

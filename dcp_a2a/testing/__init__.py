@@ -8,4 +8,5 @@
     compare, tolerances               one comparison helper; bounds from tolerances.yaml
     data, exchange, tasks, rankpool   test inputs, N ranks in one process, ranks in processes
     accuracy, bench                   the torchrun accuracy job; kernel and collective benchmarks
+    outpaths                          output paths checked before any work (the evals too)
 """

@@ -46,6 +46,7 @@ from tqdm import tqdm
 from .. import _env  # noqa: F401  (TRITON_INTERPRET before any kernel is defined)
 from . import tolerances as tol
 from .data import heads_of
+from .outpaths import file_problem
 
 BACKENDS = ("packed", "two_collective", "ag_rs", "symm_mem")
 BITWISE_EQUAL_TO_PACKED = ("two_collective", "symm_mem")  # same combine arithmetic
@@ -442,24 +443,6 @@ LEGEND = ("columns: max|err| and ulp = the largest output error (absolute, and i
           "'(vs A2A tol r)' says how far it lands against the A2A paths' bound.")
 
 
-def out_path_problem(path: str) -> str | None:
-    """Why the report cannot be written at ``path`` (checked by creating a file beside it), or
-    None."""
-    import tempfile
-
-    parent = os.path.dirname(os.path.abspath(path)) or "."
-    if os.path.isdir(path):
-        return "is a directory"
-    if not os.path.isdir(parent):
-        return f"directory {parent} does not exist"
-    try:
-        with tempfile.NamedTemporaryFile(dir=parent, prefix=".accuracy-probe-"):
-            pass
-    except OSError as e:
-        return f"cannot write in {parent} ({e.strerror or e})"
-    return None
-
-
 def write_report(report: dict, path: str) -> None:
     """Write the JSON report atomically (a reader never sees half a file)."""
     tmp = f"{path}.tmp{os.getpid()}"
@@ -504,7 +487,7 @@ def main(argv=None) -> int:
     try:
         # rank 0 writes --out: it checks the path before any case and every rank learns the
         # verdict (one rank leaving early would leave the others waiting in a collective)
-        problem = [out_path_problem(args.out) if dist.get_rank() == 0 and args.out else None]
+        problem = [file_problem(args.out) if dist.get_rank() == 0 and args.out else None]
         dist.broadcast_object_list(problem, src=0)
         if problem[0]:
             if dist.get_rank() == 0:

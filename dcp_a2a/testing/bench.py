@@ -734,6 +734,11 @@ def main(argv=None) -> int:
         parser.error("--eager-calls and --eager-repeats must be at least 1")
     if not args.target > 0:
         parser.error(f"--target must be positive, got {args.target}")
+    from .outpaths import file_problem
+
+    why = file_problem(args.out)
+    if why:  # before minutes of timing, not after
+        parser.error(f"--out {args.out}: {why}")
     if args.collective:
         return collective_main(args)
     if args.grid and torch.cuda.is_available():

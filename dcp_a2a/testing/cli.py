@@ -307,6 +307,7 @@ def validate(args) -> int:
               file=sys.stderr)
         return EXIT_USAGE
     from .impl import load_impl, resolve_spec
+    from .outpaths import dir_problem
 
     try:
         impl_obj = load_impl(resolve_spec(args.impl))
@@ -316,7 +317,7 @@ def validate(args) -> int:
         return EXIT_USAGE
     missing = impl_obj.missing()
     out_dir = args.out.resolve()
-    problem = val.out_dir_problem(out_dir)
+    problem = dir_problem(out_dir)
     if problem:
         print(f"dcp-a2a validate: --out {args.out}: {problem}", file=sys.stderr)
         return EXIT_USAGE

@@ -260,10 +260,10 @@ def main(args) -> int:
               "Triton's interpreter; gpu-check judges the compiled kernels (unset "
               "TRITON_INTERPRET)", file=sys.stderr)
         return 2
-    from .validate import out_dir_problem
+    from .outpaths import dir_problem
 
     out = args.out.resolve()
-    problem = out_dir_problem(out)
+    problem = dir_problem(out)
     if problem:
         print(f"dcp-a2a gpu-check: --out {args.out}: {problem}", file=sys.stderr)
         return 2

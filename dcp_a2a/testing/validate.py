@@ -301,25 +301,6 @@ def stalled_record(nodeid: str, stall_s: float, log: str, tiers: list) -> dict:
                         f"never ends). The session's log: {log}")
 
 
-def out_dir_problem(path: Path) -> str | None:
-    """Why a report directory cannot be made or written at ``path`` (it is created, and a file
-    made and removed in it), or None."""
-    import tempfile
-
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except FileExistsError:
-        return "exists and is not a directory"
-    except OSError as e:
-        return f"cannot be created ({e.strerror or e})"
-    try:
-        with tempfile.NamedTemporaryFile(dir=path, prefix=".dcp-a2a-probe-"):
-            pass
-    except OSError as e:
-        return f"cannot be written in ({e.strerror or e})"
-    return None
-
-
 def died_records(events: list[dict], exit_status, log: str, tiers_of: dict) -> list[dict]:
     """When a session wrote no session record (its process died: a segfault, os._exit, an
     illegal CUDA access in the code under test), a failure record for each test that started

@@ -37,6 +37,9 @@ BAD = [
     ("logit_parity", ["--backends", "packed,nccl"],
      "argument --backends: unknown backend 'nccl'; expected some of packed, two_collective"),
     ("logit_parity", ["--dtypes", "float32,fp8"], "argument --dtypes: unknown dtype 'fp8'"),
+    # an --out that cannot be created failed only when the results were written, after the run
+    ("gsm8k", ["--out", "/proc/nope/o"], "argument --out: /proc/nope/o cannot be created"),
+    ("logit_parity", ["--out", "/proc/nope/o"], "argument --out: /proc/nope/o cannot be created"),
 ]
 
 
