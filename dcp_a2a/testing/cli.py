@@ -321,6 +321,7 @@ def validate(args) -> int:
     if problem:
         print(f"dcp-a2a validate: --out {args.out}: {problem}", file=sys.stderr)
         return EXIT_USAGE
+    out_dir.mkdir(parents=True, exist_ok=True)
     suite = val.find_suite(args.suite)
 
     machine = val.detect_machine(args.gsm8k_dir, args.eval_model)

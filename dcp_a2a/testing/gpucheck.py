@@ -267,6 +267,7 @@ def main(args) -> int:
     if problem:
         print(f"dcp-a2a gpu-check: --out {args.out}: {problem}", file=sys.stderr)
         return 2
+    out.mkdir(parents=True, exist_ok=True)
     env = _env()
     skip = set(args.skip or ())
     run = {"validate": lambda: validate_step(out, args.workers, env),

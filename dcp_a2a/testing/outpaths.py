@@ -10,15 +10,22 @@ from pathlib import Path
 
 
 def dir_problem(path) -> str | None:
-    """A report directory: created if absent, and a file made and removed in it."""
-    path = Path(path)
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except FileExistsError:
-        return "exists and is not a directory"
-    except OSError as e:
-        return f"cannot be created ({e.strerror or e})"
-    return _writable(path)
+    """A report directory, made by the caller once the work starts: an existing one must be a
+    directory it can write in; a new one, a directory it can write in as its nearest existing
+    ancestor. Nothing is created here (a refused run leaves nothing behind)."""
+    path = Path(path).absolute()
+    base = path
+    while not base.exists() and base.parent != base:
+        base = base.parent
+    if base == path:
+        if not path.is_dir():
+            return "exists and is not a directory"
+        why = _unwritable(path)
+        return f"cannot be written in ({why})" if why else None
+    if not base.is_dir():
+        return f"cannot be created ({base} is not a directory)"
+    why = _unwritable(base)
+    return f"cannot be created ({base}: {why})" if why else None
 
 
 def file_problem(path) -> str | None:
@@ -29,13 +36,15 @@ def file_problem(path) -> str | None:
     parent = os.path.dirname(path) or "."
     if not os.path.isdir(parent):
         return f"directory {parent} does not exist"
-    return _writable(Path(parent), where=f" in {parent}")
+    why = _unwritable(Path(parent))
+    return f"cannot write in {parent} ({why})" if why else None
 
 
-def _writable(directory: Path, where: str = "") -> str | None:
+def _unwritable(directory: Path) -> str | None:
+    """Why a file cannot be made in ``directory`` (one is made and removed), or None."""
     try:
         with tempfile.NamedTemporaryFile(dir=directory, prefix=".dcp-a2a-probe-"):
             pass
     except OSError as e:
-        return f"cannot write{where} ({e.strerror or e})"
+        return e.strerror or str(e)
     return None

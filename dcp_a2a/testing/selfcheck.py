@@ -469,6 +469,7 @@ def main(argv=None) -> int:
         if why:  # before any run: the report is written at the end of all of them
             ap.error(f"{flag} {value}: {why}")
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="dcp_a2a_selfcheck_"))
+    workdir.mkdir(parents=True, exist_ok=True)
     signal.signal(signal.SIGTERM, _raise_on_sigterm)
     common = dict(root=root, timeout=args.timeout, workdir=workdir, paths=args.paths,
                   marker=args.marker)

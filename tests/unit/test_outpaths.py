@@ -16,10 +16,14 @@ pytestmark = pytest.mark.unit
 
 
 def test_dir_problem(tmp_path):
-    assert dir_problem(tmp_path / "a" / "b") is None and (tmp_path / "a" / "b").is_dir()
+    """Nothing is created (a refused run leaves nothing behind)."""
+    assert dir_problem(tmp_path / "a" / "b") is None and not (tmp_path / "a").exists()
+    assert dir_problem(tmp_path) is None
     (tmp_path / "f").write_text("")
     assert dir_problem(tmp_path / "f") == "exists and is not a directory"
-    assert dir_problem("/proc/nope/x").startswith("cannot be created (")
+    assert dir_problem(tmp_path / "f" / "x") == f"cannot be created ({tmp_path / 'f'} is not a " \
+                                                "directory)"
+    assert dir_problem("/proc/nope/x").startswith("cannot be created (/proc: ")
 
 
 def test_file_problem(tmp_path):
