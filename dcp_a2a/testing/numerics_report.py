@@ -177,6 +177,10 @@ def fp32_mutant_rows(impl, device, seed):
     return rows
 
 
+# the contract functions the report runs (merge_rank0: pack, exchange, unpack)
+NEEDS = ("lse_pack_dim", "pack_send", "unpack_combine")
+
+
 def build(impl_spec=None, seed=0, progress=True) -> dict:
     from .degraded import MUTANTS
 
@@ -261,6 +265,19 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-progress", action="store_true")
     args = ap.parse_args(argv)
+    from .outpaths import dir_problem
+
+    why = dir_problem(args.out)  # before the runs, not when their results are written
+    if why:
+        ap.error(f"--out {args.out}: {why}")
+    try:
+        impl = load_impl(args.impl)
+    except ValueError as e:
+        ap.error(str(e))
+    lacking = [f for f in NEEDS if not impl.has(f)]
+    if lacking:  # it runs the exchange through these; a partial one cannot be measured
+        ap.error(f"{impl.spec} has no {', '.join(lacking)}: the numerics report merges through "
+                 f"{', '.join(NEEDS)}")
     rep = build(args.impl, args.seed, progress=not args.no_progress)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "numerics.json").write_text(json.dumps(rep, indent=2, default=str) + "\n")

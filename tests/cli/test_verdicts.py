@@ -81,6 +81,26 @@ def test_an_unusable_out_directory_is_one_usage_error(tmp_path, monkeypatch, cap
     assert ("cannot be created" if where == "missing_parent" else "is not a directory") in err
 
 
+def test_the_numerics_report_refuses_a_partial_implementation(tmp_path, capsys):
+    """It merges through pack_send and unpack_combine: an implementation without them ended
+    in a MissingFunction traceback; now one usage line naming what it lacks."""
+    from dcp_a2a.testing import numerics_report
+
+    (tmp_path / "only_dim.py").write_text(
+        "from dcp_a2a.reference.contract import lse_pack_dim\n")
+    from dcp_a2a.testing.impl import MissingFunction
+
+    try:  # (the suite's plugin turns a MissingFunction in a test into a skip: fail instead)
+        with pytest.raises(SystemExit) as e:
+            numerics_report.main(["--impl", str(tmp_path / "only_dim.py"), "--out",
+                                  str(tmp_path / "nr"), "--no-progress"])
+    except MissingFunction as exc:
+        pytest.fail(f"a MissingFunction traceback, not a usage error: {exc}")
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "only_dim has no pack_send, unpack_combine" in err, err
+    assert not (tmp_path / "nr").exists()
+
+
 EXITS = {"exit_0": "import sys\nsys.exit(0)\n", "bare_exit": "import sys\nsys.exit()\n",
          "script": "def main():\n    pass\n\nraise SystemExit(main())\n"}
 

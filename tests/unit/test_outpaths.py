@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from dcp_a2a.testing import bench, selfcheck
+from dcp_a2a.testing import bench, numerics_report, selfcheck
 from dcp_a2a.testing.outpaths import dir_problem, file_problem
 
 pytestmark = pytest.mark.unit
@@ -50,4 +50,11 @@ def test_bench_refuses_an_unusable_out_before_timing(capsys):
         bench.main(["--quick", "--out", "/proc/nope/b.json"])
     assert e.value.code == 2
     assert "--out /proc/nope/b.json: directory /proc/nope does not exist" in \
+        capsys.readouterr().err
+
+
+def test_numerics_report_refuses_an_unusable_out_before_its_runs(capsys):
+    with pytest.raises(SystemExit) as e:
+        numerics_report.main(["--out", "/proc/nope/nr", "--no-progress"])
+    assert e.value.code == 2 and "--out /proc/nope/nr: cannot be created" in \
         capsys.readouterr().err
