@@ -259,6 +259,9 @@ def run(args: argparse.Namespace, pg=None, device=None, on_case=None) -> dict | 
     world, rank = dist.get_world_size(pg), dist.get_rank(pg)
     device = torch.device(device) if device is not None else torch.device("cpu")
     impl = load_impl(args.impl)
+    if not impl.has("lse_reduce"):  # every rank alike: none is left waiting in a collective
+        raise ValueError(f"{impl.spec} has no lse_reduce: the accuracy job runs lse_reduce on "
+                         "a process group")
     project = impl.is_project
     if not project and list(args.backend) != list(BACKENDS):
         raise ValueError(f"--backend needs the project's implementation; {impl.spec} only has "

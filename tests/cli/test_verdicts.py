@@ -264,6 +264,17 @@ def test_accuracy_with_no_case_to_run_is_a_usage_error(tmp_path):
     assert not out.exists() or not json.loads(out.read_text()).get("ok")
 
 
+def test_accuracy_refuses_an_implementation_without_lse_reduce(tmp_path):
+    """It ended in a MissingFunction traceback on every rank; now one usage line, exit 2."""
+    (tmp_path / "no_reduce.py").write_text(
+        "from dcp_a2a.reference.contract import lse_pack_dim, pack_send, unpack_combine\n")
+    proc = _run(["--impl", str(tmp_path / "no_reduce.py"), "--shapes", "1x4x8", "--dtype",
+                 "float16"], module="dcp_a2a.testing.accuracy")
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "error: no_reduce has no lse_reduce" in proc.stderr and "Traceback" not in \
+        proc.stderr, proc.stderr[-2000:]
+
+
 KEEPS_CASES = '''
 import sys
 from dcp_a2a.testing import accuracy
