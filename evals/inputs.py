@@ -27,7 +27,7 @@ class MissingInput(FileNotFoundError):
         self.fix = fix
 
 
-def fail(prog: str, err: MissingInput, quiet: bool = False):
+def fail(prog: str, err: Exception, quiet: bool = False):
     """Print ``prog: error: <what>; fix: <fix>`` as one line on stderr (unless ``quiet``: the
     other ranks of a torchrun job, which fail the same way) and exit with status 2."""
     if not quiet:

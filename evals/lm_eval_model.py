@@ -183,9 +183,9 @@ def main(argv=None) -> None:
         raise SystemExit(0)
     if "--tasks" in args and "--include_path" not in args:
         args += ["--include_path", str(Path(__file__).resolve().parent / "tasks")]
-    try:  # an unprepared model or missing data fails here, in one line, before lm-eval
+    try:  # an unprepared or unknown model or missing data fails here, in one line, before lm-eval
         _preflight(args)
-    except MissingInput as e:
+    except (MissingInput, ValueError) as e:
         fail(PROG, e)
     sys.argv = [sys.argv[0], *args]
     try:

@@ -100,3 +100,15 @@ def test_lm_eval_model_help_is_the_flat_command_of_its_example(tmp_path):
     assert ns.model == "dcp-hf" and "gsm8k_local" in str(ns.tasks)
     for name in MODELS:  # and the model_args list names every registered model
         assert name in out, name
+
+
+@pytest.mark.e2e
+def test_lm_eval_model_names_an_unknown_model_in_one_line(tmp_path):
+    """``model=nope`` in --model_args was a ValueError traceback; one usage line now."""
+    pytest.importorskip("lm_eval", reason="lm-eval is not installed (the test extra has it)")
+    proc = _run("lm_eval_model", "--model", "dcp-hf", "--model_args", "model=nope,dcp_size=4",
+                "--tasks", "gsm8k_local", "--limit", "1", cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = proc.stderr.splitlines()
+    assert lines == ["python -m dcp_a2a.evals.lm_eval_model: error: unknown model 'nope': "
+                     "expected one of smollm2, qwen2.5-coder-0.5b, qwen2.5-coder-1.5b"], lines
