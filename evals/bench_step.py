@@ -217,6 +217,11 @@ def main(argv=None) -> dict:
         ap.error(f"argument --device: {e}")
     if not 0 <= args.profile <= args.steps:
         ap.error(f"argument --profile: expected 0 to --steps ({args.steps}), got {args.profile}")
+    from dcp_a2a.testing.outpaths import dir_problem
+
+    why = dir_problem(args.out)  # before minutes of timing, not when the report is written
+    if why:
+        ap.error(f"argument --out: {args.out} {why}")
     try:
         require_module("transformers", "transformers is not installed", EVALS_EXTRA)
         resolve_model(args.model, args.pretrained, args.gguf_file)
