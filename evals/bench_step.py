@@ -27,8 +27,8 @@ import dcp_a2a.evals  # noqa: F401  (dcp_a2a before transformers)
 
 import torch
 
-from .inputs import (ArgumentParser, HelpFormatter, MissingInput, check_device, comma_list,
-                     fail, positive_int, require_module)
+from .inputs import (ArgumentParser, HelpFormatter, MissingInput, check_device, check_out_dir,
+                     comma_list, fail, positive_int, require_module)
 from .model import EVALS_EXTRA, add_model_arguments, dtype_arg, resolve_model
 
 PROG = "python -m dcp_a2a.evals.bench_step"
@@ -217,11 +217,7 @@ def main(argv=None) -> dict:
         ap.error(f"argument --device: {e}")
     if not 0 <= args.profile <= args.steps:
         ap.error(f"argument --profile: expected 0 to --steps ({args.steps}), got {args.profile}")
-    from dcp_a2a.testing.outpaths import dir_problem
-
-    why = dir_problem(args.out)  # before minutes of timing, not when the report is written
-    if why:
-        ap.error(f"argument --out: {args.out} {why}")
+    check_out_dir(ap, args.out)
     try:
         require_module("transformers", "transformers is not installed", EVALS_EXTRA)
         resolve_model(args.model, args.pretrained, args.gguf_file)

@@ -39,8 +39,8 @@ import dcp_a2a
 import dcp_a2a.evals  # noqa: F401  (dcp_a2a before transformers)
 
 from .distributed import PROCESS_GROUPS
-from .inputs import (ArgumentParser, HelpFormatter, MissingInput, check_device, comma_list,
-                     fail, positive_int, quiet_git, require_module)
+from .inputs import (ArgumentParser, HelpFormatter, MissingInput, check_device, check_out_dir,
+                     comma_list, fail, positive_int, quiet_git, require_module)
 from .model import EVALS_EXTRA, add_model_arguments, dtype_arg, resolve_model
 from .records import FILTERS, paired, question_records  # noqa: F401  (paired: evals.pair's)
 from .tasks.gsm8k_local.utils import ENV_VAR, SPLITS, resolve_dir
@@ -231,11 +231,7 @@ def check_args(ap, args) -> None:
             b != "reference" for b in args.backends):
         ap.error("--dtype float64 needs --wire-dtype float32 (or bfloat16, float16): the "
                  "combine kernels take no float64 partials")
-    from dcp_a2a.testing.outpaths import dir_problem
-
-    why = dir_problem(args.out)  # before the model loads: a run must not end unwritable
-    if why:
-        ap.error(f"argument --out: {args.out} {why}")
+    check_out_dir(ap, args.out)
 
 
 def main(argv=None) -> dict | None:

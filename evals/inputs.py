@@ -98,6 +98,16 @@ def comma_list(choices, what: str):
     return parse
 
 
+def check_out_dir(ap, out) -> None:
+    """A usage error unless the ``--out`` directory can be made and written: checked before the
+    model loads, so that a run never ends with results it cannot write."""
+    from dcp_a2a.testing.outpaths import dir_problem
+
+    why = dir_problem(out)
+    if why:
+        ap.error(f"argument --out: {out} {why}")
+
+
 def check_device(value: str | None) -> str | None:
     """``value`` if torch can place tensors there (a CUDA device needs CUDA and that index),
     else ValueError naming it; None passes (the command's default)."""

@@ -27,8 +27,8 @@ import dcp_a2a.evals  # noqa: F401  (dcp_a2a before transformers)
 
 import torch
 
-from .inputs import (ArgumentParser, HelpFormatter, MissingInput, check_device, comma_list,
-                     fail, positive_int, require_module)
+from .inputs import (ArgumentParser, HelpFormatter, MissingInput, check_device, check_out_dir,
+                     comma_list, fail, positive_int, require_module)
 from .model import DTYPE_NAMES, EVALS_EXTRA, add_model_arguments, resolve_model
 from .tasks.gsm8k_local.utils import ENV_VAR, resolve_dir
 
@@ -200,11 +200,7 @@ def parse_args(argv=None):
         check_device(args.device)
     except ValueError as e:
         ap.error(f"argument --device: {e}")
-    from dcp_a2a.testing.outpaths import dir_problem
-
-    why = dir_problem(args.out)  # before the model loads: a run must not end unwritable
-    if why:
-        ap.error(f"argument --out: {args.out} {why}")
+    check_out_dir(ap, args.out)
     return args
 
 

@@ -138,8 +138,9 @@ def _path_from_environment() -> None:
 def importable(spec: str) -> str:
     """``spec`` in module form, its module importable here and in the processes started from
     here: ``path/to/adapter.py[:attr]`` becomes ``adapter[:attr]`` with its directory on the
-    path, a package directory ``path/to/pkg[:attr]`` becomes ``pkg[:attr]`` likewise; a module that only the working directory holds (``--impl my_adapter`` run next to
-    my_adapter.py) gets the working directory on the path, as ``python -m`` would."""
+    path, a package directory ``path/to/pkg[:attr]`` becomes ``pkg[:attr]`` likewise; a module
+    that only the working directory holds (``--impl my_adapter`` run next to my_adapter.py)
+    gets the working directory on the path, as ``python -m`` would."""
     target, sep, attr = spec.partition(":")
     if target.endswith(".py"):
         path = Path(target).expanduser()

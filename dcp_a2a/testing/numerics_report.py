@@ -181,10 +181,10 @@ def fp32_mutant_rows(impl, device, seed):
 NEEDS = ("lse_pack_dim", "pack_send", "unpack_combine")
 
 
-def build(impl_spec=None, seed=0, progress=True) -> dict:
+def build(impl, seed=0, progress=True) -> dict:
+    """The report of ``impl`` (a loaded implementation with ``NEEDS``)."""
     from .degraded import MUTANTS
 
-    impl = load_impl(impl_spec)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     quantities, bias, mutants = [], [], []
     steps = [(dt, what) for dt in DTYPES for what in ("headroom", "bias")]
@@ -278,7 +278,7 @@ def main(argv=None) -> int:
     if lacking:  # it runs the exchange through these; a partial one cannot be measured
         ap.error(f"{impl.spec} has no {', '.join(lacking)}: the numerics report merges through "
                  f"{', '.join(NEEDS)}")
-    rep = build(args.impl, args.seed, progress=not args.no_progress)
+    rep = build(impl, args.seed, progress=not args.no_progress)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "numerics.json").write_text(json.dumps(rep, indent=2, default=str) + "\n")
     (args.out / "numerics.md").write_text(markdown(rep))

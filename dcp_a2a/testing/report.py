@@ -133,7 +133,7 @@ def verdict_mark(report: dict) -> str:
     """The total row's status: PASS, EMPTY (nothing validated: exit status 5) or FAIL."""
     if report["ok"]:
         return "PASS"
-    return "EMPTY" if report.get("nothing_validated") and report["exit_status"] == 5 else "FAIL"
+    return "EMPTY" if report["exit_status"] == 5 else "FAIL"  # cli.EXIT_NOTHING_VALIDATED
 
 
 def verdict_word(report: dict) -> str:
