@@ -172,6 +172,44 @@ def test_non_contiguous_inputs(impl, device, dtype):
     _assert_wire_equal(sent[0], expected_send(out, lse, n))
 
 
+@pytest.mark.parametrize("n,d", [(2, 80), (4, 24)], ids=["N2-D80", "N4-D24"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_pack_writes_nothing_outside_its_send_buffer(impl, device, dtype, n, d):
+    """Engines carve the send buffer from a workspace, next to live data (the attention output
+    itself, in a shipped bug): the pack may write its [N, B, H/N, D+P] words and nothing else.
+    The buffer is carved from the middle of a workspace of random bytes, and every byte before
+    and after it must come back unchanged: a kernel that stores a power-of-two block of lanes
+    (D+P = 82 or 26 rounded up), a row or a peer slice too many, or anything at a negative
+    offset, corrupts them. Masked rows included (the mask path stores too)."""
+    b, h = 5, 2 * n
+    outs, lses = partials(1, b, h, d, dtype, seed=7 * n + d, device=device)
+    qsl = torch.tensor([0, 2, 3, 4], dtype=torch.int32, device=device)  # row 4: padding
+    seq_lens = torch.tensor([6, 0, 2], dtype=torch.int32, device=device)  # request 1: row 2
+    p = impl.lse_pack_dim(dtype)
+    shape = (n, b, h // n, d + p)
+    nbytes = math.prod(shape) * outs.element_size()
+    guard = max(4096, nbytes)  # bytes on either side, a multiple of 16
+    gen = torch.Generator().manual_seed(5)
+    ws = torch.randint(0, 256, (guard + nbytes + guard,), dtype=torch.uint8, generator=gen)
+    ws = ws.to(device)
+    before = ws.clone()
+    send = _carve(ws, guard, shape, dtype)
+    mask = {"seq_lens": seq_lens, "query_start_loc": qsl}
+    snap = snapshot(out=outs[0], lse=lses[0], **mask)
+    impl.pack_send(outs[0], lses[0], send, n, h // n, d, p, **mask)
+    assert_unmodified(snap, "pack_send")
+    for name, span in (("before", slice(0, guard)), ("after", slice(guard + nbytes, None))):
+        changed = torch.nonzero(ws[span] != before[span]).flatten()
+        if changed.numel():
+            first = int(changed[0]) - (guard if name == "before" else 0)
+            raise AssertionError(
+                f"pack_send wrote {changed.numel()} bytes {name} its send buffer; the first "
+                f"at byte {first:+d} from its {'start' if name == 'before' else 'end'}")
+    empty = [False, False, True, False, True]
+    _assert_wire_equal(send, expected_send(outs[0], lses[0], n, empty_rows=empty),
+                       masked_rows=empty)
+
+
 # Where the send buffer lies relative to the tensors it packs, in bytes of one workspace (every
 # offset a multiple of 16: the layouts differ in overlap only, not in alignment).
 OVERLAPS = {
