@@ -188,7 +188,7 @@ def test_pack_writes_nothing_outside_its_send_buffer(impl, device, dtype, n, d):
     p = impl.lse_pack_dim(dtype)
     shape = (n, b, h // n, d + p)
     nbytes = math.prod(shape) * outs.element_size()
-    guard = max(4096, nbytes)  # bytes on either side, a multiple of 16
+    guard = 4096 * -(-nbytes // 4096)  # bytes on either side: >= the buffer, 4096-aligned
     gen = torch.Generator().manual_seed(5)
     ws = torch.randint(0, 256, (guard + nbytes + guard,), dtype=torch.uint8, generator=gen)
     ws = ws.to(device)
