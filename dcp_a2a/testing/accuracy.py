@@ -13,6 +13,12 @@ run on each rank's device in float64.
 Every rank regenerates every rank's partial from the seed (rank n's partial comes from the
 generator seeded (seed, case, n)), keeps its own as its input and all ranks' slices of its heads
 [r*H/N, (r+1)*H/N) for the oracle, so no input travels through the collectives under test.
+From B = 3 on a case is an engine's batch, not just random partials (``case_layout``): requests
+of one query row and one of two (a speculative step), a padding row at the end, and on some
+ranks an empty local KV shard for a request, whose rows carry a NaN partial under a finite LSE,
+as attention over no keys leaves them; ``seq_lens``/``query_start_loc`` go to ``lse_reduce``,
+and the oracle weighs those rows 0. With a 16-bit output dtype the base-2 cases
+hand the LSE over in that dtype (widened by value, as the contract says).
 Each rank compares its merged slice with ``dcp_a2a.testing.compare.check_merge`` (bounds from
 tolerances.yaml); rank 0 gathers the per-rank reports, prints a table and writes JSON.
 
@@ -58,6 +64,10 @@ GPU_SHAPES = "1x128x512,16x128x512,128x128x512,8192x64x512:bfloat16"
 # small ones, including a head dim that is not a power of two.
 CPU_SHAPES = "1x128x512,4x24x40,16x24x64"
 CHECK_CHUNK_ELEMENTS = 1 << 24   # oracle work per chunk of rows (float64 temporaries)
+INPUTS = ("from B = 3 each case is a batch: decode requests (one of two query rows), a padding "
+          "row, empty local KV shards on some ranks (NaN partials, finite LSEs) masked through "
+          "seq_lens/query_start_loc; base-2 cases of 16-bit dtypes hand the LSE over in the "
+          "output dtype")
 
 
 @dataclass(frozen=True)
@@ -171,6 +181,38 @@ def _generator(device, *seed_parts) -> torch.Generator:
         s = (s * 1_000_003 + int(part)) % (1 << 62)
     g.manual_seed(s)
     return g
+
+
+def case_layout(b: int, world: int, case: int):
+    """The batch of a case, the same on every rank: ``(query_start_loc, seq_lens, masked)``,
+    lists. From B = 3 on: requests of one query row, the first of two (a speculative step), a
+    padding row at the end, and empty local KV shards: request ``case % R`` on rank
+    ``case % N``, and every request i with (i + case) % 5 == 0 on rank (i + case) % N, so most
+    rows still merge every rank. Below B = 3 (decode's B = 1) one request a row, nothing empty:
+    every row merges every rank. ``seq_lens[n][i]``: rank n's local KV tokens of request i (0
+    for an empty shard). ``masked[n][r]``: row r carries no KV on rank n (an empty shard, or
+    padding: padding is empty on every rank and merges to 0 and -inf)."""
+    pad = 1 if b >= 3 else 0
+    rows = b - pad
+    qlens = [2] + [1] * (rows - 2) if pad else [1] * rows
+    qsl = [0]
+    for q in qlens:
+        qsl.append(qsl[-1] + q)
+    owner = [i for i, q in enumerate(qlens) for _ in range(q)] + [None] * pad
+    n_req = len(qlens)
+    empty = set()
+    if pad:
+        empty.add((case % n_req, case % world))
+        empty.update((i, (i + case) % world) for i in range(n_req) if (i + case) % 5 == 0)
+    seq_lens = [[0 if (i, n) in empty else 1 + (5 * i + 3 * n) % 61 for i in range(n_req)]
+                for n in range(world)]
+    masked = [[o is None or seq_lens[n][o] == 0 for o in owner] for n in range(world)]
+    return qsl, seq_lens, masked
+
+
+def lse_dtype_of(dtype, base_e: bool):
+    """The dtype a case hands its LSE over in: float32, or the 16-bit output dtype in base 2."""
+    return torch.float32 if base_e or dtype == torch.float32 else dtype
 
 
 def rank_partial(seed, case, n, shape: Shape, dtype, spread, device):
@@ -297,28 +339,36 @@ def run(args: argparse.Namespace, pg=None, device=None, on_case=None) -> dict | 
                 shapes=[str(s) + (f":{s.dtype}" if s.dtype else "") for s in shapes],
                 skipped_shapes=skipped, backends_not_run=not_run,
                 tolerances=str(tol.tolerances_path()),
-                cases_planned=len(plan) * len(backends))
+                inputs=INPUTS, cases_planned=len(plan) * len(backends))
     # progress on rank 0 (stderr): large GPU shapes take seconds a case (the float64 oracle)
     bar = tqdm(plan, desc=f"accuracy N={world}", unit="case", disable=rank != 0 or args.quiet)
     for case, (shape, dt_name, base_e) in enumerate(bar, start=1):
         dtype = DTYPES[dt_name]
         bar.set_postfix_str(f"{shape} {dt_name} base {'e' if base_e else '2'}")
         heads = heads_of(rank, world, shape.h)
+        qsl, seq_lens, masked = case_layout(shape.b, world, case)
+        lse_dtype = lse_dtype_of(dtype, base_e)
         outs_slice, lses_slice = [], []
         mine = None
         for n in range(world):
             o, s = rank_partial(args.seed, case, n, shape, dtype, args.spread, device)
+            empty = torch.tensor(masked[n], dtype=torch.bool, device=device)
+            o[empty] = float("nan")  # attention over no keys; its LSE stays finite garbage
+            s = s.to(lse_dtype)
             if n == rank:
                 mine = (o, s)
             outs_slice.append(o[:, heads].clone())
-            lses_slice.append(s[:, heads].clone())
+            lses_slice.append(s[:, heads].to(torch.float32).masked_fill(empty[:, None],
+                                                                         -math.inf))
             del o, s
         outs_slice = torch.stack(outs_slice)
         lses_slice = torch.stack(lses_slice)
+        meta_kw = dict(seq_lens=torch.tensor(seq_lens[rank], dtype=torch.int32, device=device),
+                       query_start_loc=torch.tensor(qsl, dtype=torch.int32, device=device))
         results = {}
         rows = []
         for be in backends:
-            kw = dict(return_lse=True, is_lse_base_on_e=base_e)
+            kw = dict(return_lse=True, is_lse_base_on_e=base_e, **meta_kw)
             if be != "default":
                 kw["backend"] = be
             if be == "symm_mem":
@@ -341,6 +391,8 @@ def run(args: argparse.Namespace, pg=None, device=None, on_case=None) -> dict | 
             chk = check_slice(out, lse, outs_slice, lses_slice, base_e, kind)
             row = dict(backend=be, dtype=dt_name, shape=str(shape), b=shape.b,
                        h=shape.h, d=shape.d, base="e" if base_e else "2",
+                       lse_dtype=str(lse_dtype).replace("torch.", ""),
+                       empty_rows=sum(map(sum, masked)),
                        output=chk["output"], lse=chk["lse"],
                        seconds=statistics.median(times))
             if be == "ag_rs":
@@ -413,7 +465,8 @@ def format_table(report: dict) -> str:
     head = (f"dcp_a2a accuracy: N={meta['world_size']} {meta['dist_backend']} on "
             f"{meta['device']}{' (Triton interpreter)' if meta['triton_interpreter'] else ''}"
             f", impl {meta['implementation']}")
-    cols = (f"{'backend':<14} {'dtype':<8} {'shape':<12} {'base':<4} {'max|err|':>9} "
+    cols = (f"{'backend':<14} {'dtype':<8} {'shape':<12} {'base':<4} {'lse in':<8} "
+            f"{'empty':>5} {'max|err|':>9} "
             f"{'ulp':>7} {'err/tol':>7} {'lse err':>9} {'lse/tol':>7} {'bitwise':>7} "
             f"{'ms':>9}  status")
     lines = [head, cols, "-" * len(cols)]
@@ -424,7 +477,7 @@ def format_table(report: dict) -> str:
                  if "ratio_vs_a2a_bound" in c else "")
         lines.append(
             f"{c['backend']:<14} {c['dtype']:<8} {c['shape']:<12} {c['base']:<4} "
-            f"{o['max_abs_err']:>9.2e} {o['max_ulp_err']:>7.3g} {o['worst_ratio']:>7.3f} "
+            f"{c['lse_dtype']:<8} {c['empty_rows']:>5} {o['max_abs_err']:>9.2e} {o['max_ulp_err']:>7.3g} {o['worst_ratio']:>7.3f} "
             f"{s.get('max_abs_err', float('nan')):>9.2e} {s.get('worst_ratio', float('nan')):>7.3f} "
             f"{'-' if bw is None else ('yes' if bw else 'NO'):>7} {c['seconds'] * 1e3:>9.3f}  "
             f"{'ok' if c['ok'] else 'FAIL'}{extra}")
@@ -438,11 +491,14 @@ def format_table(report: dict) -> str:
     return "\n".join(lines)
 
 
-LEGEND = ("columns: max|err| and ulp = the largest output error (absolute, and in ulps of the "
-          "output dtype); err/tol = the worst error over its bound (tolerances.yaml; a row "
-          "passes at <= 1); lse err, lse/tol = the same for the returned LSE; bitwise = the "
-          "row's output and LSE have the same bits as packed's (two_collective, symm_mem); ms = one lse_reduce call, median, slowest "
-          "rank. ag_rs sums in the output dtype, so it is judged against its own, wider bound; "
+LEGEND = ("columns: lse in = the dtype the ranks hand their LSE over in; empty = rows of empty "
+          "KV shards and padding, summed over the ranks (masked through seq_lens/"
+          "query_start_loc, NaN partials); max|err| and ulp = the largest output error "
+          "(absolute, and in ulps of the output dtype); err/tol = the worst error over its "
+          "bound (tolerances.yaml; a row passes at <= 1); lse err, lse/tol = the same for the "
+          "returned LSE; bitwise = the row's output and LSE have the same bits as packed's "
+          "(two_collective, symm_mem); ms = one lse_reduce call, median, slowest rank. ag_rs "
+          "sums in the output dtype, so it is judged against its own, wider bound; "
           "'(vs A2A tol r)' says how far it lands against the A2A paths' bound.")
 
 

@@ -42,6 +42,10 @@ def _check_report(report, world, shapes, n_backends=3, dtypes=tuple(accuracy.DTY
     for c in cases:
         assert c["ok"], c
         assert 0 <= c["output"]["worst_ratio"] <= 1, c
+        # from B = 3 a case is an engine's batch: a padding row (on every rank), empty shards
+        assert (c["empty_rows"] > world) == (c["b"] >= 3), c
+        sixteen_bit_base_2 = c["base"] == "2" and c["dtype"] != "float32"
+        assert c["lse_dtype"] == (c["dtype"] if sixteen_bit_base_2 else "float32"), c
         assert c["output"]["elements"] == c["b"] * c["h"] * c["d"], c
         assert c["lse"]["elements"] == c["b"] * c["h"], c
         assert c["seconds"] > 0
@@ -76,12 +80,12 @@ def test_torchrun_gloo(tmp_path, impl, nproc):
 
 
 def test_in_process_on_three_ranks(rank_pool, impl):
-    argv = ["--shapes", "2x6x40", "--dtype", "float16", "--quiet"]
+    argv = ["--shapes", "5x6x40", "--dtype", "float16", "--quiet"]
     results = rank_pool.run(mp_tasks.accuracy_job, 3, argv, n=3, timeout=120)
     report, status = results[0]
     assert status == 0
     assert all(r == (None, 0) for r in results[1:])
-    _check_report(report, 3, "2x6x40", 3 if impl.is_project else 1, dtypes=("float16",))
+    _check_report(report, 3, "5x6x40", 3 if impl.is_project else 1, dtypes=("float16",))
     table = accuracy.format_table(report)
     assert f"{len(report['cases'])} cases, 0 failed" in table
 
@@ -101,6 +105,37 @@ def test_broken_implementation_fails_the_job(rank_pool):
         assert not c["ok"]
         assert c["output"]["failures"] > 0 and c["lse"]["failures"] > 0
     assert "FAIL" in accuracy.format_table(report)
+
+
+@pytest.mark.parametrize("mutant", ["empty_shard_mask_ignored", "bf16_lse_bits_read_as_fp32"])
+def test_the_job_fails_the_engine_bug_classes(rank_pool, mutant):
+    """Two classes of bug engines shipped, which random partials alone never show: a pack that
+    ignores seq_lens (empty KV shards merged in) and one that reads a 16-bit LSE's bits as
+    float32's. The job's batches hold empty shards and hand 16-bit LSEs over, so it fails
+    both (before, 18 of 18 cases passed each)."""
+    argv = ["--shapes", "5x4x24", "--dtype", "bfloat16", "--quiet",
+            "--impl", f"dcp_a2a.testing.mutants.{mutant}"]
+    results = rank_pool.run(mp_tasks.accuracy_job, 2, argv, n=2, timeout=120)
+    report, status = results[0]
+    assert status == 1 and report["ok"] is False
+    assert any(not c["ok"] for c in report["cases"])
+
+
+def test_case_layout():
+    """Below B = 3 every row merges every rank; from 3 on, a padding row masked on every rank,
+    at least one empty shard, most rows unmasked, the same on every rank."""
+    for b in (0, 1, 2):
+        qsl, seq_lens, masked = accuracy.case_layout(b, 4, case=3)
+        assert qsl == list(range(b + 1)) and not any(map(any, masked))
+    for b, world, case in [(3, 2, 1), (16, 2, 7), (128, 8, 5)]:
+        qsl, seq_lens, masked = accuracy.case_layout(b, world, case)
+        assert qsl[-1] == b - 1 and qsl[1] == 2 and len(seq_lens) == world
+        assert all(m[-1] for m in masked)
+        empty_shard_rows = sum(map(sum, masked)) - world  # less the padding row
+        assert empty_shard_rows >= 1
+        if b >= 16:  # most rows merge every rank
+            assert empty_shard_rows <= (b - 1) * world // 4, empty_shard_rows
+        assert (qsl, seq_lens, masked) == accuracy.case_layout(b, world, case)
 
 
 def test_shape_arguments():
