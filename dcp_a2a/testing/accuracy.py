@@ -477,7 +477,8 @@ def format_table(report: dict) -> str:
                  if "ratio_vs_a2a_bound" in c else "")
         lines.append(
             f"{c['backend']:<14} {c['dtype']:<8} {c['shape']:<12} {c['base']:<4} "
-            f"{c['lse_dtype']:<8} {c['empty_rows']:>5} {o['max_abs_err']:>9.2e} {o['max_ulp_err']:>7.3g} {o['worst_ratio']:>7.3f} "
+            f"{c.get('lse_dtype', '-'):<8} {c.get('empty_rows', '-'):>5} "
+            f"{o['max_abs_err']:>9.2e} {o['max_ulp_err']:>7.3g} {o['worst_ratio']:>7.3f} "
             f"{s.get('max_abs_err', float('nan')):>9.2e} {s.get('worst_ratio', float('nan')):>7.3f} "
             f"{'-' if bw is None else ('yes' if bw else 'NO'):>7} {c['seconds'] * 1e3:>9.3f}  "
             f"{'ok' if c['ok'] else 'FAIL'}{extra}")

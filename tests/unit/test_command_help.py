@@ -29,7 +29,13 @@ def test_accuracy_table_has_a_legend():
                          "output": {"max_abs_err": 1e-2, "max_ulp_err": 155.0,
                                     "worst_ratio": 0.4},
                          "lse": {"max_abs_err": 1e-7, "worst_ratio": 0.1}, "seconds": 0.01,
-                         "ok": True, "ratio_vs_a2a_bound": 121.0}]}
+                         "ok": True, "ratio_vs_a2a_bound": 121.0,
+                         "lse_dtype": "bfloat16", "empty_rows": 7}]}
     table = accuracy.format_table(report)
     assert "(vs A2A tol 121)" in table and accuracy.LEGEND in table
+    row = table.splitlines()[3].split()
+    assert row[4:6] == ["bfloat16", "7"], row
+    for c in report["cases"]:  # a report written before those columns still prints
+        del c["lse_dtype"], c["empty_rows"]
+    assert accuracy.format_table(report).splitlines()[3].split()[4:6] == ["-", "-"]
     assert "ag_rs sums in the output dtype" in table
