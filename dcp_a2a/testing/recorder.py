@@ -13,7 +13,10 @@ Selection (``pytest_collection_modifyitems``, identical on every xdist worker):
 * ``--dcp-exclude m,n`` drop tests carrying any of these markers/tiers (tiers that cannot run
   here, e.g. ``gpu`` on a CPU machine, or ``multigpu`` when it runs in its own session);
 * ``--dcp-quick``      drop ``slow`` tests and keep one case (the first parametrisation) of
-  every test function, so the quick subset touches every test but stays small;
+  every test function of the project's own tiers, so the quick subset touches every test but
+  stays small; conformance tests keep every case (each is a case of the contract, a few ms
+  each: with the first alone, ``--quick`` passed an implementation that ignores the LSE base,
+  skips the exchange or packs over its own input);
 * ``--dcp-impl-only``  keep only tests that exercise the implementation under test (they take
   the ``impl`` fixture and not ``project_only``): under a foreign ``--impl`` the project's own
   tests of its kernels would measure dcp_a2a, not the code the report names.
@@ -134,7 +137,7 @@ def pytest_collection_modifyitems(session, config, items):
         elif quick:
             if "slow" in marks:
                 reason = "quick: slow"
-            else:
+            elif "conformance" not in tiers:  # project tests: one case each; contract cases all
                 fn = getattr(item, "originalname", None) or item.name
                 key = (item.nodeid.split("::")[0], getattr(item.cls, "__name__", ""), fn)
                 if key in seen_functions:

@@ -48,7 +48,7 @@ CPU_TIERS = ("unit", "kernel", "multiproc", "conformance", "numerics")
 GATED_TIERS = ("gpu", "multigpu", "e2e")
 # the quick subset: unit, kernel and conformance; a test also marked multiproc (spawning ranks) or
 # numerics (statistics, large batches, hypothesis) is left out; slow tests dropped; one case per
-# test function
+# test function of the project's own tests, every case of a conformance test (the recorder)
 QUICK_TIERS = ("unit", "kernel", "conformance")
 QUICK_OUT_REASON = "not in the quick subset"
 # why a test is left out under a foreign --impl (the recorder's --dcp-impl-only)

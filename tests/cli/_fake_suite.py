@@ -133,6 +133,18 @@ def test_of_the_selfcheck():  # in no tier by design: listed apart, not as a str
 '''
 
 
+CONTRACT_CASES = '''\
+import pytest
+
+
+@pytest.mark.unit
+@pytest.mark.conformance
+@pytest.mark.parametrize("case", [1, 2, 3])
+def test_contract_case(case):
+    pass
+'''
+
+
 DYING = '''\
 import os
 
@@ -172,9 +184,10 @@ def test_after_the_hang():
 
 
 def write_suite(root: Path, *, failing: bool, dying: bool = False,
-                hanging: bool = False, start_s: float = 0) -> Path:
+                hanging: bool = False, start_s: float = 0, contract_cases: bool = False) -> Path:
     """A suite of fake tests; ``start_s``: seconds its conftest sleeps at import, before
-    collection (what importing torch and initialising CUDA cost on a GPU machine)."""
+    collection (what importing torch and initialising CUDA cost on a GPU machine);
+    ``contract_cases``: a parametrised conformance test besides."""
     t = root / "tests"
     for sub in ("unit", "kernel", "numerics", "multigpu", "misc"):
         (t / sub).mkdir(parents=True, exist_ok=True)
@@ -192,4 +205,6 @@ def write_suite(root: Path, *, failing: bool, dying: bool = False,
     (t / "numerics" / "test_n.py").write_text(NUMERICS)
     (t / "multigpu" / "test_mg.py").write_text(MULTIGPU)
     (t / "misc" / "test_stray.py").write_text(STRAY)
+    if contract_cases:
+        (t / "unit" / "test_contract.py").write_text(CONTRACT_CASES)
     return root

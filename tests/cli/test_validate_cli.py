@@ -17,8 +17,8 @@ pytestmark = pytest.mark.unit
 CPU_TIERS = "unit,kernel,multiproc,conformance,numerics"
 
 
-def _validate(tmp_path, *args, failing):
-    suite = write_suite(tmp_path / "suite", failing=failing)
+def _validate(tmp_path, *args, failing, **suite):
+    suite = write_suite(tmp_path / "suite", failing=failing, **suite)
     out = tmp_path / "report"
     code = cli.main(["validate", "--suite", str(suite), "--out", str(out), "-j", "0",
                      "--no-progress", *args])
@@ -154,6 +154,19 @@ def test_quick_subset_and_passing_exit(tmp_path, capsys):
     assert "tests/unit/test_u.py::test_param[1]" in ids
     assert "tests/unit/test_u.py::test_param[2]" not in ids
     assert _tier(rep, "numerics")["status"] == "not run"
+
+
+def test_quick_keeps_every_contract_case(tmp_path):
+    """--quick keeps one case of each of the project's test functions but every case of a
+    conformance test: with the first alone it passed implementations that ignore the LSE
+    base, skip the exchange, or pack over their own input (their cases come later)."""
+    code, rep, _ = _validate(tmp_path, "--quick", "--tiers", "unit,kernel", "--no-plots",
+                             failing=False, contract_cases=True)
+    ids = {t["nodeid"] for t in rep["tests"]}
+    assert {f"tests/unit/test_contract.py::test_contract_case[{c}]" for c in (1, 2, 3)} <= ids
+    assert "tests/unit/test_u.py::test_param[2]" not in ids
+    assert (_tier(rep, "unit")["cases"], _tier(rep, "unit")["left_out"]) == (6, 3)
+    assert code == cli.EXIT_OK
 
 
 @pytest.mark.parametrize("args, nothing", [
