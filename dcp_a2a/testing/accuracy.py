@@ -22,7 +22,8 @@ hand the LSE over in that dtype (widened by value, as the contract says).
 Each rank compares its merged slice with ``dcp_a2a.testing.compare.check_merge`` (bounds from
 tolerances.yaml); rank 0 gathers the per-rank reports, prints a table and writes JSON.
 
-Per row: max |err| and max error in ulps of the output dtype, worst error / tolerance, the
+Per row: the dtype the LSE was handed over in and the rows of empty shards and padding (summed
+over the ranks), max |err| and max error in ulps of the output dtype, worst error / tolerance, the
 returned LSE's max |err| and error / tolerance, whether two_collective and symm_mem produced
 outputs and LSEs bitwise identical to packed's, and the wall time of one ``lse_reduce`` call (median over
 ``--iters`` after ``--warmup``, slowest rank). ag_rs is judged against its own bound (its
