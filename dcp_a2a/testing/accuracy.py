@@ -58,9 +58,10 @@ from .outpaths import file_problem
 BACKENDS = ("packed", "two_collective", "ag_rs", "symm_mem")
 BITWISE_EQUAL_TO_PACKED = ("two_collective", "symm_mem")  # same combine arithmetic
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
-# Decode shapes of the upstream change (B in {1, 16, 128}, H = 128, D = 512) and its
-# microbenchmark shape (B = 8192, H = 64, D = 512, bfloat16).
-GPU_SHAPES = "1x128x512,16x128x512,128x128x512,8192x64x512:bfloat16"
+# Decode shapes of the upstream change (B in {1, 16, 128}, H = 128, D = 512), its
+# microbenchmark shape (B = 8192, H = 64, D = 512, bfloat16), and a head dim that is not a power
+# of two (80: every other default is 512, which a kernel assuming one would pass).
+GPU_SHAPES = "1x128x512,16x128x512,128x128x512,8192x64x512:bfloat16,64x32x80"
 # Triton runs interpreted on CPU (~0.1-1 s per call and rank): the B = 1 decode shape plus
 # small ones, including a head dim that is not a power of two.
 CPU_SHAPES = "1x128x512,4x24x40,16x24x64"

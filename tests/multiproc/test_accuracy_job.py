@@ -151,6 +151,8 @@ def test_shape_arguments():
     assert skipped == ["1x128x512"] and all(s.h % 3 == 0 for s in shapes)
     gpu, _ = accuracy.resolve_shapes(None, 8, gpu=True)
     assert {str(s) for s in gpu} >= {"1x128x512", "16x128x512", "128x128x512", "8192x64x512"}
+    # a head dim that is not a power of two, on GPUs too (every other default is 512)
+    assert any(s.d & (s.d - 1) for s in gpu) and any(s.d & (s.d - 1) for s in shapes)
     with pytest.raises(SystemExit):
         accuracy.parse_args(["--backend", "nope"])
     assert accuracy.parse_args(["--backend", "packed,ag_rs"]).backend == ["packed", "ag_rs"]
