@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import inspect
 import os
 import sys
 from dataclasses import dataclass
@@ -207,6 +208,10 @@ def load_impl(spec: str | None = None) -> Implementation:
             obj = getattr(obj, part)
         except AttributeError:
             raise ValueError(f"implementation spec {spec!r}: {mod_name} has no {attr}") from None
+    if inspect.isclass(obj):  # its methods would be called without an instance
+        raise ValueError(f"implementation spec {spec!r} names a class: name an instance of it "
+                         f"(a module-level IMPL = {obj.__name__}(), then {mod_name}:IMPL) or "
+                         "a module with the contract's functions")
     impl = Implementation(spec, obj)
     if len(impl.missing()) == len(CONTRACT):
         raise ValueError(f"{spec} ({impl.file or mod_name}) has none of the contract's "
