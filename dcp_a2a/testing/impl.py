@@ -208,10 +208,12 @@ def load_impl(spec: str | None = None) -> Implementation:
             obj = getattr(obj, part)
         except AttributeError:
             raise ValueError(f"implementation spec {spec!r}: {mod_name} has no {attr}") from None
-    if inspect.isclass(obj):  # its methods would be called without an instance
-        raise ValueError(f"implementation spec {spec!r} names a class: name an instance of it "
-                         f"(a module-level IMPL = {obj.__name__}(), then {mod_name}:IMPL) or "
-                         "a module with the contract's functions")
+    if inspect.isclass(obj) and any(  # methods that would be called without an instance
+            inspect.isfunction(inspect.getattr_static(obj, n, None)) for n in CONTRACT):
+        raise ValueError(f"implementation spec {spec!r} names a class whose contract functions "
+                         f"are methods: name an instance of it (a module-level IMPL = "
+                         f"{obj.__name__}(), then {mod_name}:IMPL) or a module with the "
+                         "contract's functions")
     impl = Implementation(spec, obj)
     if len(impl.missing()) == len(CONTRACT):
         raise ValueError(f"{spec} ({impl.file or mod_name}) has none of the contract's "

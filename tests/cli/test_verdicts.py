@@ -46,9 +46,10 @@ def test_an_empty_implementation_is_refused_not_read_as_the_default(tmp_path):
     (["--impl", ""], {}, "--impl is empty (an unset variable?)"),
     ([], {"DCP_A2A_IMPL": " "}, "$DCP_A2A_IMPL is set but empty (an unset variable?)"),
     (["--impl", "os"], {}, "none of the contract's functions"),
-    # a class, not an instance: every call would fail for want of self (282 failures before)
+    # a class, not an instance: every call would fail for want of self (282 failures before;
+    # a class of staticmethods is a namespace like a module, and loads: test below)
     (["--impl", "dcp_a2a.reference.contract:ReferenceContract"], {},
-     "names a class: name an instance of it"),
+     "names a class whose contract functions are methods: name an instance of it"),
     (["--impl", "no_such_module_xyz"], {}, "cannot import implementation module "
                                             "'no_such_module_xyz'")])
 def test_an_unusable_implementation_is_one_usage_error(tmp_path, monkeypatch, capsys, args, env,
