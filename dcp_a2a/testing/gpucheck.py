@@ -5,11 +5,11 @@ Four steps, one exit status, one summary:
 1. ``dcp-a2a validate`` -- every tier this machine supports (the gpu tier, and the multigpu
    tier with 2+ GPUs; the multi-process tier on gloo ranks that share the GPUs);
 2. the self-check (``python -m dcp_a2a.testing.selfcheck --correct dcp_a2a.reference.contract
-   dcp_a2a.testing.freedoms``):
+   dcp_a2a.testing.freedoms dcp_a2a.testing.independent``):
    every mutant killed by the conformance tier with the kernels compiled -- a verdict the
    interpreter cannot give (an unchecked in-place pack came out right on a GPU at the sizes
-   that caught it on the CPU) -- and the pure-PyTorch contract passing it on CUDA, graphs
-   included; the project's own implementation passed the same tier in step 1;
+   that caught it on the CPU) -- and the pure-PyTorch correct implementations passing it on
+   CUDA, graphs included; the project's own implementation passed the same tier in step 1;
 3. the accuracy job on every visible GPU, over NCCL (``torchrun --nproc-per-node <GPUs> -m
    dcp_a2a.testing.accuracy --dist-backend nccl``; on one GPU: 2 gloo ranks sharing it);
 4. a quick benchmark of the kernels (``python -m dcp_a2a.testing.bench --quick``).
@@ -140,6 +140,7 @@ def validate_step(out: Path, workers, env: dict) -> Step:
 
 
 def selfcheck_step(out: Path, workers, env: dict) -> Step:
+    from .selfcheck import FOREIGN_CORRECT
     from .validate import GPU_WORKERS
 
     step = Step("self-check")
@@ -151,7 +152,7 @@ def selfcheck_step(out: Path, workers, env: dict) -> Step:
     # at once; the contract's full run gets the validate step's workers
     parallel = max(1, min(6, (os.cpu_count() or 2) // 2))
     cmd = [sys.executable, "-m", "dcp_a2a.testing.selfcheck", "--correct",
-           "dcp_a2a.reference.contract", "dcp_a2a.testing.freedoms", "--jobs", str(jobs),
+           *FOREIGN_CORRECT, "--jobs", str(jobs),
            "--parallel", str(parallel), "--json", str(report),
            "--workdir", str(out / "selfcheck")]
     code = _run_step(step, "selfcheck", cmd, log, env, report)

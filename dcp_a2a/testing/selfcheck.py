@@ -4,9 +4,10 @@
 
 Runs ``pytest -m conformance --impl SPEC -n JOBS`` once per implementation:
 
-* each correct implementation (``dcp_a2a``, ``dcp_a2a.reference.contract`` and
-  ``dcp_a2a.testing.freedoms``, which takes every freedom the contract leaves: the guard against
-  tests that fail correct code): every conformance test must pass;
+* each correct implementation (``dcp_a2a``; ``dcp_a2a.reference.contract``;
+  ``dcp_a2a.testing.freedoms``, which takes every freedom the contract leaves; and
+  ``dcp_a2a.testing.independent``, written from scratch without the reference's code: the
+  guards against tests that fail correct code): every conformance test must pass;
 * each mutant in ``dcp_a2a/testing/mutants/`` (one realistic bug per module, its docstring's first line
   names the class of failure): at least one conformance test must fail. Mutant runs stop at
   the first failure (``-x``) and run in one process each (``--mutant-jobs 1``: starting xdist
@@ -39,7 +40,10 @@ from pathlib import Path
 
 from .validate import died_records, xdist_args
 
-CORRECT = ("dcp_a2a", "dcp_a2a.reference.contract", "dcp_a2a.testing.freedoms")
+CORRECT = ("dcp_a2a", "dcp_a2a.reference.contract", "dcp_a2a.testing.freedoms",
+           "dcp_a2a.testing.independent")
+# the correct implementations besides the project's own (which validate judges already)
+FOREIGN_CORRECT = CORRECT[1:]
 MUTANTS_PACKAGE = "dcp_a2a.testing.mutants"
 _INTERRUPTED = "no result reported"
 _LIVE: set = set()  # pytest processes running now (killed, with their workers, on exit)
@@ -312,7 +316,8 @@ def _pytest_subprocess(cmd, root, env, log, timeout) -> tuple[int | None, bool]:
 _PRELOAD = ["torch", "torch.distributed", "numpy", "scipy.special", "scipy.stats", "triton",
             "pytest", "hypothesis", "filelock", "yaml", "dcp_a2a", "dcp_a2a.testing.plugin",
             "dcp_a2a.testing.recorder", "dcp_a2a.testing.compare", "dcp_a2a.testing.exchange",
-            "dcp_a2a.testing.tasks", "dcp_a2a.reference.contract", "dcp_a2a.testing.freedoms"]
+            "dcp_a2a.testing.tasks", "dcp_a2a.reference.contract", "dcp_a2a.testing.freedoms",
+            "dcp_a2a.testing.independent"]
 
 
 def _forkable() -> bool:

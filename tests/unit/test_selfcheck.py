@@ -1,4 +1,4 @@
-"""CI: the self-check. Every shipped mutant is killed by the conformance tier and both correct
+"""CI: the self-check. Every shipped mutant is killed by the conformance tier and the correct
 implementations pass it (``python -m dcp_a2a.testing.selfcheck``); and the self-check itself fails
 when a mutant survives.
 
@@ -17,7 +17,7 @@ from types import SimpleNamespace
 import pytest
 
 from dcp_a2a.testing.rankpool import gpu_count
-from dcp_a2a.testing.selfcheck import discover_mutants, needs_gpus
+from dcp_a2a.testing.selfcheck import FOREIGN_CORRECT, discover_mutants, needs_gpus
 
 pytestmark = pytest.mark.selfcheck
 
@@ -76,21 +76,23 @@ def test_selfcheck_fails_when_a_mutant_survives(tmp_path):
 
 
 def test_every_mutant_killed_and_correct_implementations_pass(tmp_path):
-    """Every mutant killed; the reference contract passes, and so does the implementation that
-    takes every freedom the contract leaves (a test that fails it fails correct engines). (The
+    """Every mutant killed; the reference contract passes, and so do the implementation that
+    takes every freedom the contract leaves and the one written from scratch (a test that fails
+    them fails correct engines). (The
     project's own implementation
     passes the same conformance tier in this very test session, with the default --impl, so
     the self-check does not run it a second time here; ``python -m dcp_a2a.testing.selfcheck``
     runs both.)"""
     # --jobs 1: the reference contract's run is forked from the preloaded server too (xdist
     # workers would each import torch again, on a CI machine whose cores run the suite already)
-    proc, report = _selfcheck(tmp_path, "--correct", "dcp_a2a.reference.contract",
-                              "dcp_a2a.testing.freedoms", "--jobs", "1", timeout=2400)
+    proc, report = _selfcheck(tmp_path, "--correct", *FOREIGN_CORRECT, "--jobs", "1",
+                              timeout=2400)
     print(proc.stdout)  # the kill table, in the CI log
     assert report is not None, proc.stdout[-4000:] + proc.stderr[-4000:]
     runs = report["runs"]
     correct = {r["spec"]: r for r in runs if r["kind"] == "correct"}
-    assert set(correct) == {"dcp_a2a.reference.contract", "dcp_a2a.testing.freedoms"}
+    assert set(correct) == {"dcp_a2a.reference.contract", "dcp_a2a.testing.freedoms",
+                            "dcp_a2a.testing.independent"}
     for spec, r in correct.items():
         assert r["verdict"] == "pass" and r["passed"] > 0, \
             f"{spec}: {r['verdict']}, first failure {r['first_failure']}: {r['failure_text']}"

@@ -24,6 +24,8 @@ NOT_DIVISIBLE_WORDS = r"divisib|divide|multiple of|evenly|split"
 HEAD_DIM_WORDS = r"head_?dim|head dim|head_size|head size"
 PACK_DIM_WORDS = r"lse_pack_dim|pack_?dim|pack dim|lanes?\b"
 STRIDE_WORDS = r"contiguous|strided|strides?\b|\bout\b|\blse\b"
+# "on different devices", or the devices named ("send is on meta, out on cpu")
+DEVICE_WORDS = r"device|\b(cpu|cuda|meta|mps|xpu|hip)\b"
 
 
 def dtype_words(dtype: torch.dtype) -> str:

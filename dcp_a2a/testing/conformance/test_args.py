@@ -8,9 +8,10 @@ import pytest
 import torch
 
 from dcp_a2a import Group
-from dcp_a2a.testing.conformance._refusals import (HEAD_DIM_WORDS, NOT_DIVISIBLE_WORDS,
-                                                   PACK_DIM_WORDS, STRIDE_WORDS, TripwireGroup,
-                                                   dtype_words, refused, refused_instead)
+from dcp_a2a.testing.conformance._refusals import (DEVICE_WORDS, HEAD_DIM_WORDS,
+                                                   NOT_DIVISIBLE_WORDS, PACK_DIM_WORDS,
+                                                   STRIDE_WORDS, TripwireGroup, dtype_words,
+                                                   refused, refused_instead)
 from dcp_a2a.testing.conformance._spec import build_recv, expected_send, raw_bits
 from dcp_a2a.testing.data import heads_of, partials, poison_like
 
@@ -96,14 +97,14 @@ def test_pack_rejects_inconsistent(impl, case):
         match = PACK_DIM_WORDS
     elif case == "send_device":
         a["send"] = torch.empty(a["send"].shape, dtype=a["send"].dtype, device="meta")
-        match = "device"
+        match = DEVICE_WORDS
     elif case == "seq_lens_alone":
         a["seq_lens"] = torch.ones(2, dtype=torch.int32)
         match = "query_start_loc"
     elif case == "seq_lens_device":
         a["seq_lens"] = torch.ones(2, dtype=torch.int32, device="meta")
         a["query_start_loc"] = torch.tensor([0, 1, 2], dtype=torch.int32)
-        match = "device|seq_lens"
+        match = DEVICE_WORDS + "|seq_lens"
     elif case == "qsl_alone":
         a["query_start_loc"] = torch.tensor([0, 1, 2], dtype=torch.int32)
         match = "seq_lens"
