@@ -5,7 +5,7 @@ Four steps, one exit status, one summary:
 1. ``dcp-a2a validate`` -- every tier this machine supports (the gpu tier, and the multigpu
    tier with 2+ GPUs; the multi-process tier on gloo ranks that share the GPUs);
 2. the self-check (``python -m dcp_a2a.testing.selfcheck --correct dcp_a2a.reference.contract
-   dcp_a2a.testing.freedoms dcp_a2a.testing.independent``):
+   dcp_a2a.testing.freedoms``):
    every mutant killed by the conformance tier with the kernels compiled -- a verdict the
    interpreter cannot give (an unchecked in-place pack came out right on a GPU at the sizes
    that caught it on the CPU) -- and the pure-PyTorch correct implementations passing it on
@@ -140,7 +140,7 @@ def validate_step(out: Path, workers, env: dict) -> Step:
 
 
 def selfcheck_step(out: Path, workers, env: dict) -> Step:
-    from .selfcheck import FOREIGN_CORRECT
+    from .selfcheck import GPU_CHECK_CORRECT
     from .validate import GPU_WORKERS
 
     step = Step("self-check")
@@ -152,7 +152,7 @@ def selfcheck_step(out: Path, workers, env: dict) -> Step:
     # at once; the contract's full run gets the validate step's workers
     parallel = max(1, min(6, (os.cpu_count() or 2) // 2))
     cmd = [sys.executable, "-m", "dcp_a2a.testing.selfcheck", "--correct",
-           *FOREIGN_CORRECT, "--jobs", str(jobs),
+           *GPU_CHECK_CORRECT, "--jobs", str(jobs),
            "--parallel", str(parallel), "--json", str(report),
            "--workdir", str(out / "selfcheck")]
     code = _run_step(step, "selfcheck", cmd, log, env, report)
