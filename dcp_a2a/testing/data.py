@@ -7,6 +7,8 @@ in the LSE path cannot hide behind coarse inputs.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -18,6 +20,32 @@ def large_batch(device) -> int:
     index. Past 2^16 on a GPU; on the CPU, where the Triton interpreter takes 8k rows in about a
     second, 8195."""
     return (1 << 16) + 3 if torch.device(device).type == "cuda" else 8195
+
+
+def guarded(shape, dtype: torch.dtype, device, *, seed: int = 0):
+    """``(t, outside)``: a contiguous ``t`` of ``shape`` and ``dtype`` carved, 4096-byte aligned,
+    from the middle of a workspace of random bytes (as an engine carves a staging buffer from a
+    workspace next to live data), with at least ``t``'s size on either side; ``outside()`` says
+    where a call since wrote the bytes around ``t`` ("N bytes after the buffer; the first at
+    byte +k from its end"), or returns None."""
+    nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    guard = 4096 * -(-nbytes // 4096)
+    g = torch.Generator().manual_seed(seed)
+    ws = torch.randint(0, 256, (2 * guard + nbytes,), dtype=torch.uint8, generator=g).to(device)
+    before = ws.clone()
+    t = ws[guard:guard + nbytes].view(dtype).view(shape)
+
+    def outside():
+        for side, span in (("before", slice(0, guard)), ("after", slice(guard + nbytes, None))):
+            changed = torch.nonzero(ws[span] != before[span]).flatten()
+            if changed.numel():
+                first = int(changed[0]) - (guard if side == "before" else 0)
+                edge = "start" if side == "before" else "end"
+                return (f"{changed.numel()} bytes {side} the buffer; the first at byte "
+                        f"{first:+d} from its {edge}")
+        return None
+
+    return t, outside
 
 
 def partials(n: int, b: int, h: int, d: int, dtype: torch.dtype, *, seed: int = 0,

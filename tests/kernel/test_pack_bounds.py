@@ -7,15 +7,13 @@ after it must come back unchanged."""
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
 
 import dcp_a2a
 from dcp_a2a.kernels import pack, tuning
 from dcp_a2a.testing.conformance._spec import expected_send, raw_bits
-from dcp_a2a.testing.data import partials
+from dcp_a2a.testing.data import guarded, partials
 
 pytestmark = pytest.mark.kernel
 
@@ -37,25 +35,17 @@ def test_every_pack_launch_stays_inside_its_send_buffer(device, dtype, n, h, d):
     launches = tuning.every_launch("pack", b, h, lanes, n,
                                    pack.slab_fits(src, lanes, lanes_p, h // n))
     assert launches
-    shape = (n, b, h // n, d + p)
-    nbytes = math.prod(shape) * out.element_size()
-    guard = 4096 * -(-nbytes // 4096)
     expected = expected_send(out, lse, n, empty_rows=empty)
-    for cfg in launches:
-        gen = torch.Generator().manual_seed(len(str(cfg)))
-        ws = torch.randint(0, 256, (2 * guard + nbytes,), dtype=torch.uint8, generator=gen)
-        ws = ws.to(device)
-        before = ws.clone()
-        send = ws[guard:guard + nbytes].view(dtype).view(shape)
+    for i, cfg in enumerate(launches):
+        send, outside = guarded((n, b, h // n, d + p), dtype, device, seed=i)
         tuning.OVERRIDES["pack"] = cfg
         try:
             dcp_a2a.pack_send(out, lse, send, n, h // n, d, p, seq_lens=seq_lens,
                               query_start_loc=qsl)
         finally:
             tuning.OVERRIDES.clear()
-        outside = torch.cat([ws[:guard] != before[:guard],
-                             ws[guard + nbytes:] != before[guard + nbytes:]])
-        assert not outside.any(), f"{cfg} wrote {int(outside.sum())} bytes outside send"
+        wrote = outside()
+        assert wrote is None, f"{cfg} wrote {wrote} (send)"
         got = raw_bits(send)
         got[:, empty, :, :d] = expected[:, empty, :, :d]  # masked rows' output lanes: free
         assert (got == expected).all(), f"{cfg} wrote the wrong words"
