@@ -15,6 +15,8 @@ rank loops unrolled, three passes over the LSEs, the merged LSE stored when aske
 
 from __future__ import annotations
 
+from .. import _env  # noqa: F401  (sets TRITON_INTERPRET before the kernels are defined)
+
 import torch
 import triton
 import triton.language as tl

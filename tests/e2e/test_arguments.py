@@ -1,6 +1,7 @@
-"""The eval commands' arguments, as a user meets them (the real commands, in subprocesses):
-a bad value is a usage error -- exit status 2, one line naming the option -- before anything is
-loaded; the GSM8K driver's stderr carries no git noise outside a checkout; and the help of
+"""The eval commands' arguments, as a user meets them: a bad value is a usage error -- exit
+status 2, one line naming the option -- before anything is loaded (the table of bad values
+through each command's ``main``, each command once for real in a subprocess); the GSM8K driver's
+stderr carries no git noise outside a checkout; and the help of
 ``python -m dcp_a2a.evals.lm_eval_model`` is the flat command its own example runs."""
 
 from __future__ import annotations
@@ -44,16 +45,38 @@ BAD = [
 ]
 
 
+def _one_usage_line(module, code, out, err, message):
+    assert code == 2, err
+    lines = err.splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith(f"python -m dcp_a2a.evals.{module}: error: {message}"), lines[0]
+    assert out == ""
+
+
 @pytest.mark.parametrize("module,argv,message", BAD, ids=[" ".join(a) for _, a, _ in BAD])
 def test_a_bad_argument_is_one_usage_line_before_anything_loads(module, argv, message,
-                                                                tmp_path):
+                                                                tmp_path, monkeypatch, capsys):
+    """Through the command's own ``main`` (argument checks are the same code in any process;
+    the next test runs each command for real)."""
+    import importlib
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("DCP_A2A_MODEL_CACHE", str(tmp_path / "empty"))
+    with pytest.raises(SystemExit) as exit_:
+        importlib.import_module(f"dcp_a2a.evals.{module}").main(
+            ["--model", "qwen2.5-coder-0.5b", *argv])
+    captured = capsys.readouterr()
+    _one_usage_line(module, exit_.value.code, captured.out, captured.err, message)
+
+
+@pytest.mark.parametrize("module", sorted({m for m, _, _ in BAD}))
+def test_each_command_refuses_a_bad_argument_in_one_line_when_run(module, tmp_path):
+    """The real command, in a subprocess: its exit status, and nothing on stderr but the line
+    (no traceback, no warning of an import)."""
+    m, argv, message = next(case for case in BAD if case[0] == module)
     proc = _run(module, "--model", "qwen2.5-coder-0.5b", *argv, cwd=tmp_path,
                 env={"DCP_A2A_MODEL_CACHE": str(tmp_path / "empty")})
-    assert proc.returncode == 2, proc.stderr
-    lines = proc.stderr.splitlines()
-    assert len(lines) == 1, proc.stderr
-    assert lines[0].startswith(f"python -m dcp_a2a.evals.{module}: error: {message}"), lines[0]
-    assert proc.stdout == ""
+    _one_usage_line(module, proc.returncode, proc.stdout, proc.stderr, message)
 
 
 @pytest.mark.e2e
