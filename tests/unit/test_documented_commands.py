@@ -148,14 +148,47 @@ def test_documented_command_parses(where, module, argv, capsys):
 PYTEST_LINES = sorted({tuple(a) for _, k, _, a in COMMANDS if k == "pytest"})
 
 
-@pytest.mark.slow  # each a pytest collection (xdist workers included)
-@pytest.mark.parametrize("argv", PYTEST_LINES, ids=lambda a: " ".join(a)[:60])
-def test_documented_pytest_line_collects(argv):
+# Collects every documented pytest line in turn in one process (a line each ran in a process of
+# its own before: 4 s each, the python and torch start-up mostly). Each line is its own
+# pytest.main: its own options, plugins, markers and --impl; the imports are shared, and a module
+# that fails to import is not kept, so it fails every line that imports it.
+_COLLECT_EACH = r"""
+import contextlib, io, json, sys
+import pytest
+results = []
+for argv in json.loads(sys.argv[1]):
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+        try:
+            code = int(pytest.main([*argv, "--co", "-q", "-p", "no:cacheprovider"]))
+        except BaseException as e:  # noqa: BLE001 - a line that kills its session is its result
+            print(f"{type(e).__name__}: {e}")
+            code = -1
+    results.append({"code": code, "output": out.getvalue()[-4000:]})
+print("RESULTS " + json.dumps(results))
+"""
+
+
+@pytest.fixture(scope="module")
+def collections():
+    """{argv: (exit status, output)} of ``pytest ARGV --co`` for every documented line."""
+    import json
+
     env = {k: v for k, v in os.environ.items() if k != "DCP_A2A_IMPL"}
-    proc = subprocess.run([sys.executable, "-m", "pytest", *argv, "--co", "-q",
-                           "-p", "no:cacheprovider"], capture_output=True, text=True,
-                          timeout=600, cwd=ROOT, env=env)
+    proc = subprocess.run([sys.executable, "-c", _COLLECT_EACH,
+                           json.dumps([list(a) for a in PYTEST_LINES])],
+                          capture_output=True, text=True, timeout=600, cwd=ROOT, env=env)
+    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULTS ")]
+    assert proc.returncode == 0 and line, proc.stdout[-3000:] + proc.stderr[-3000:]
+    results = json.loads(line[-1].removeprefix("RESULTS "))
+    return {a: (r["code"], r["output"]) for a, r in zip(PYTEST_LINES, results)}
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("documented_pytest_lines")  # one worker, one collecting process
+@pytest.mark.parametrize("argv", PYTEST_LINES, ids=lambda a: " ".join(a)[:60])
+def test_documented_pytest_line_collects(argv, collections):
+    code, output = collections[argv]
     where = [w for w, k, _, a in COMMANDS if k == "pytest" and tuple(a) == argv]
-    assert proc.returncode == 0, (f"{where}: `pytest {' '.join(argv)}` does not collect:\n"
-                                  + proc.stdout[-2000:] + proc.stderr[-2000:])
-    assert re.search(r"\d+ tests? collected|\d+/\d+ tests collected", proc.stdout), proc.stdout
+    assert code == 0, f"{where}: `pytest {' '.join(argv)}` does not collect:\n{output[-3000:]}"
+    assert re.search(r"\d+ tests? collected|\d+/\d+ tests collected", output), output
