@@ -6,6 +6,7 @@ floor row; ``python -m dcp_a2a.evals.gsm8k`` runs lm-eval's harness on it per ba
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -42,19 +43,25 @@ def test_logit_parity_driver(tiny_dir, tmp_path):
     assert md.count("\n| float32 |") == 4
 
 
-def test_gsm8k_driver_through_lm_eval(tiny_dir, tmp_path):
+def test_gsm8k_driver_through_lm_eval(tiny_dir, tmp_path, monkeypatch, capfd):
     """``python -m evals.gsm8k``: lm-eval's harness with the registered ``dcp-hf`` model and the
     ``gsm8k_local`` YAML task (5-shot from the local train split), every backend on the same
-    questions, paired statistics against ``reference``."""
+    questions, paired statistics against ``reference``. Run outside a git checkout: lm-eval
+    asks git for a commit hash, and git's ``fatal: not a git repository`` reached the driver's
+    stderr."""
     pytest.importorskip("lm_eval", reason="lm-eval is not installed (the test extra has it)")
     from dcp_a2a.evals import gsm8k
 
     model_dir, data = tiny_dir
     out = tmp_path / "g"
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
     report = gsm8k.main([
         "--backends", "reference,packed,ag_rs", "--limit", "3", "--batch-size", "2",
         "--max-gen-toks", "6", "--dcp-size", "4", "--pretrained", str(model_dir),
         "--gsm8k-dir", str(data), "--device", "cpu", "--out", str(out)])
+    err = capfd.readouterr().err  # git's own stderr too: its file descriptor is captured
+    assert "fatal:" not in err and "not a git repository" not in err, err[-2000:]
     assert [r["backend"] for r in report["runs"]] == ["reference", "packed", "ag_rs"]
     assert report["baseline"] == "reference" and set(report["paired"]) == {"packed", "ag_rs"}
     for name in ("packed", "ag_rs"):
@@ -69,6 +76,10 @@ def test_gsm8k_driver_through_lm_eval(tiny_dir, tmp_path):
             assert 0.0 <= r["em"][f]["em"] <= 1.0
     samples = [json.loads(x) for x in (out / "samples_packed.jsonl").read_text().splitlines()]
     assert [s["doc_id"] for s in samples] == [0, 1, 2]
+    for run in json.loads((out / "results.json").read_text())["runs"]:  # per-question records
+        assert [q["doc_id"] for q in run["questions"]] == [0, 1, 2]
+        assert all(re.fullmatch(r"[0-9a-f]{16}", q["generation_sha256"])
+                   for q in run["questions"])
     assert {s["target"] for s in samples} == {"... #### 7", "... #### 8", "... #### 9"}
     assert json.loads((out / "results.json").read_text())["paired"] == report["paired"]
     assert "| packed |" in (out / "results.md").read_text()
