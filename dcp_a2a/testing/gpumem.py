@@ -1,4 +1,4 @@
-"""One GPU's memory, shared by the processes of one pytest session.
+"""One GPU's memory, shared by the test processes that use it.
 
 Each xdist worker has its own CUDA context and caching allocator and cannot see what the other
 workers are about to allocate. On an 80 GiB H100, eight workers that each started a
@@ -16,9 +16,9 @@ The call waits until the shares held by the other processes leave room for ``nby
 within :func:`budget`. A share larger than the budget waits until no other share is held,
 then runs alone. On exit the caching allocator returns its cached blocks to the driver
 (``torch.cuda.empty_cache``) before the share is released, so the next test can use them.
-The shares are recorded in a JSON file under a file lock. Entries of dead processes are
-dropped, so a worker that crashes while holding a share does not block the others.
-Without CUDA the call does nothing.
+The shares are recorded in a JSON file per card (in the temporary directory, under a file
+lock). Entries of dead processes are dropped, so a worker that crashes while holding a share
+does not block the others. Without CUDA the call does nothing.
 
 A test that uses more than it asked for still runs. Its measured peak
 (``torch.cuda.max_memory_reserved``) is then reported in a warning, which tells you to
@@ -44,15 +44,18 @@ POLL_S = 0.25
 WAIT_LIMIT_S = 900.0  # then run anyway: an out-of-memory error names itself, a hang does not
 
 
-def _state_path() -> Path:
-    """One file per pytest session: xdist gives its workers one run id. A session without
-    xdist has one process, so its pid names the file."""
-    run = os.environ.get("PYTEST_XDIST_TESTRUNUID") or f"pid{os.getpid()}"
-    return Path(tempfile.gettempdir()) / f"dcp_a2a_gpu_shares_{run}.json"
+def _state_path(device=None) -> Path:
+    """One file per card, named by its UUID. That covers every process on the machine that
+    asks for shares of this card: the workers of one session, and sessions run side by side."""
+    import torch
+
+    props = torch.cuda.get_device_properties(device or 0)
+    card = str(getattr(props, "uuid", "") or torch.cuda.current_device())
+    return Path(tempfile.gettempdir()) / f"dcp_a2a_gpu_shares_{card}.json"
 
 
 def budget(device=None) -> int:
-    """Bytes the shares of one session may add up to on ``device``."""
+    """Bytes the shares of every process may add up to on ``device``."""
     import torch
 
     return int(torch.cuda.get_device_properties(device or 0).total_memory * BUDGET_FRACTION)
@@ -127,7 +130,7 @@ def gpu_memory_share(nbytes: int, device=None):
         return
     if nbytes < 0:
         raise ValueError(f"nbytes must be >= 0, got {nbytes}")
-    path = _state_path()
+    path = _state_path(device)
     acquire(nbytes, budget(device), path)
     torch.cuda.empty_cache()  # what earlier tests left cached is not part of this share
     torch.cuda.reset_peak_memory_stats(device)
