@@ -61,27 +61,19 @@ def budget(device=None) -> int:
     return int(torch.cuda.get_device_properties(device or 0).total_memory * BUDGET_FRACTION)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _update(path: Path, change) -> bool:
     """Apply ``change(shares) -> bool`` to the shares {pid: bytes} under the lock and write
     them back. Returns what ``change`` returned."""
     from filelock import FileLock
+
+    from .rankpool import pid_alive
 
     with FileLock(str(path) + ".lock"):
         try:
             shares = {int(k): v for k, v in json.loads(path.read_text()).items()}
         except (FileNotFoundError, ValueError):
             shares = {}
-        shares = {pid: n for pid, n in shares.items() if _alive(pid)}
+        shares = {pid: n for pid, n in shares.items() if pid_alive(pid)}
         done = change(shares)
         path.write_text(json.dumps(shares))
     return done

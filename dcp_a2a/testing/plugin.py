@@ -224,7 +224,8 @@ def rank_pool():
     """One pool of real gloo ranks per test process, started on first use (its ranks compute
     on the GPUs where there are any, else on the CPU through Triton's interpreter). Closed at
     the end of the session; every rank it ever had must then be gone."""
-    from .tasks import new_pool, pid_alive
+    from .rankpool import pid_alive
+    from .tasks import new_pool
 
     pool = new_pool(POOL_WORLD, subgroup_sizes=[n for n in GROUP_SIZES if n < POOL_WORLD],
                     pg_timeout=PG_TIMEOUT_S, task_timeout=TASK_TIMEOUT_S)

@@ -109,6 +109,22 @@ class RankContext:
         return Group(n, self.rank, self.process_group(n))
 
 
+def pid_alive(pid: int) -> bool:
+    """True while ``pid`` is a live (non-zombie) process."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+        return state not in ("Z", "X")
+    except FileNotFoundError:
+        return False
+    except OSError:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        return True
+
+
 def _watch_owner(owner_pid: int) -> None:
     # The pool's owner is gone (even SIGKILLed) when it no longer exists or when this rank was
     # reparented (its parent is the owner under spawn, the fork server under forkserver, which

@@ -45,22 +45,6 @@ def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
                     b.contiguous().view(_BITS[b.element_size()])))
 
 
-def pid_alive(pid: int) -> bool:
-    """True while ``pid`` is a live (non-zombie) process."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            state = f.read().rsplit(")", 1)[1].split()[0]
-        return state not in ("Z", "X")
-    except FileNotFoundError:
-        return False
-    except OSError:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        return True
-
-
 def _impl():
     return load_impl(os.environ.get(ENV_VAR))
 

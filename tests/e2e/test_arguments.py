@@ -72,7 +72,7 @@ def test_a_bad_argument_is_one_usage_line_before_anything_loads(module, argv, me
 def test_each_command_refuses_a_bad_argument_in_one_line_when_run(module, tmp_path):
     """The real command, in a subprocess: its exit status, and nothing on stderr but the line
     (no traceback, no warning of an import)."""
-    m, argv, message = next(case for case in BAD if case[0] == module)
+    _, argv, message = next(case for case in BAD if case[0] == module)
     proc = _run(module, "--model", "qwen2.5-coder-0.5b", *argv, cwd=tmp_path,
                 env={"DCP_A2A_MODEL_CACHE": str(tmp_path / "empty")})
     _one_usage_line(module, proc.returncode, proc.stdout, proc.stderr, message)

@@ -17,8 +17,8 @@ import torch.distributed as dist
 
 from dcp_a2a.testing import tasks as mp_tasks
 from dcp_a2a.testing.rankpool import gpu_count
+from dcp_a2a.testing.rankpool import pid_alive
 from dcp_a2a.testing.tasks import new_pool
-from dcp_a2a.testing.tasks import pid_alive
 
 pytestmark = pytest.mark.multiproc
 

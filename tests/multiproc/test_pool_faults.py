@@ -17,7 +17,7 @@ from dcp_a2a.testing.rankpool import RankFailure, RankTimeout
 from dcp_a2a.testing import tasks as mp_tasks
 from dcp_a2a.testing.tasks import new_pool
 from tests.multiproc._procs import helper_context, pool_owner
-from dcp_a2a.testing.tasks import pid_alive
+from dcp_a2a.testing.rankpool import pid_alive
 
 pytestmark = pytest.mark.multiproc
 

@@ -18,13 +18,10 @@ from dcp_a2a.testing import gpumem
 pytestmark = pytest.mark.unit
 
 # holds a share of argv[2] bytes (limit argv[3]) for argv[4] s; prints when it got and gave it
-# (the module loaded from its file: importing the dcp_a2a package would import torch, ~1 s)
 _HOLDER = r"""
-import importlib.util, sys, time
+import sys, time
 from pathlib import Path
-spec = importlib.util.spec_from_file_location("gpumem", sys.argv[5])
-gpumem = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(gpumem)
+from dcp_a2a.testing import gpumem
 path, n, limit, hold = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
 gpumem.acquire(n, limit, path)
 print("got", time.time(), flush=True)
@@ -36,7 +33,7 @@ gpumem.release(n, path)
 
 def _start(path, n, limit, hold):
     return subprocess.Popen([sys.executable, "-c", _HOLDER, str(path), str(n), str(limit),
-                             str(hold), gpumem.__file__], stdout=subprocess.PIPE, text=True)
+                             str(hold)], stdout=subprocess.PIPE, text=True)
 
 
 def _times(proc):
