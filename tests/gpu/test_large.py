@@ -18,9 +18,9 @@ def test_send_buffer_over_2_pow_31_elements(impl, merge_check):
     if torch.cuda.get_device_properties(0).total_memory < 24 * 2**30:
         pytest.skip("needs >= 24 GiB of GPU memory")
     # randn's float32 out (8 GiB, then 4 GiB as bfloat16), the send buffer (4 GiB), the merged
-    # result (0.5 GiB), asked for next to the other workers' tests; the tensors are the
-    # function's, freed before the share is given back
-    with gpu_memory_share(16 * 2**30):
+    # result (0.5 GiB): 16.0 GiB reserved at the peak on an H100. The tensors are the
+    # function's, freed before the share is given back.
+    with gpu_memory_share(18 * 2**30):
         _pack_and_combine_past_2_pow_31(impl, merge_check)
 
 
