@@ -124,17 +124,20 @@ def gpu_memory_share(nbytes: int, device=None):
         raise ValueError(f"nbytes must be >= 0, got {nbytes}")
     path = _state_path(device)
     acquire(nbytes, budget(device), path)
-    torch.cuda.empty_cache()  # what earlier tests left cached is not part of this share
-    torch.cuda.reset_peak_memory_stats(device)
-    before = torch.cuda.memory_reserved(device)
+    peak = 0
     try:
+        torch.cuda.empty_cache()  # what earlier tests left cached is not part of this share
+        torch.cuda.reset_peak_memory_stats(device)
+        before = torch.cuda.memory_reserved(device)
         yield
-    finally:
         peak = torch.cuda.max_memory_reserved(device) - before
-        torch.cuda.synchronize(device)
-        torch.cuda.empty_cache()
-        release(nbytes, path)
-        if peak > nbytes:
-            warnings.warn(f"a test asked for {nbytes / GIB:.1f} GiB of GPU memory and reserved "
-                          f"{peak / GIB:.1f} GiB at its peak: ask for more "
-                          "(dcp_a2a.testing.gpumem)", stacklevel=3)
+    finally:
+        try:  # after a CUDA error these raise too; the share is given back all the same
+            torch.cuda.synchronize(device)
+            torch.cuda.empty_cache()
+        finally:
+            release(nbytes, path)
+    if peak > nbytes:
+        warnings.warn(f"a test asked for {nbytes / GIB:.1f} GiB of GPU memory and reserved "
+                      f"{peak / GIB:.1f} GiB at its peak: ask for more "
+                      "(dcp_a2a.testing.gpumem)", stacklevel=3)

@@ -1,7 +1,11 @@
-"""The GPU memory shares of one pytest session (dcp_a2a.testing.gpumem): a share that does
-not fit next to the others waits for them. One that fits does not wait. One larger than the
-budget runs alone. A dead process's share is dropped. The bookkeeping needs no GPU. Real
-processes hold the shares, since a share belongs to a process."""
+"""The GPU memory shares of the test processes on one card (dcp_a2a.testing.gpumem):
+* a share that does not fit next to the others waits for them; one that fits does not wait;
+  one larger than the budget runs alone;
+* a dead process's share is dropped;
+* a share is given back even when the test and CUDA both fail;
+* a test that reserved more than it asked for gets a warning.
+No GPU is needed: where the code calls torch.cuda, these tests stand in for it. Real processes
+hold the shares, since a share belongs to a process."""
 
 from __future__ import annotations
 
@@ -97,3 +101,56 @@ def test_without_cuda_a_share_is_nothing(tmp_path, monkeypatch):
     with gpumem.gpu_memory_share(1 << 40):
         pass
     assert not list(tmp_path.glob("dcp_a2a_gpu_shares_*"))
+
+
+class _FakeCuda:
+    """torch.cuda as gpu_memory_share sees it: an 80 GiB card whose allocator reports
+    ``peak`` bytes reserved at the test's peak, and whose ``synchronize`` can fail (as it does
+    after a CUDA error)."""
+
+    def __init__(self, monkeypatch, tmp_path, peak=0, sync_fails=False):
+        import types
+
+        import torch
+
+        props = types.SimpleNamespace(total_memory=80 * gpumem.GIB, uuid="GPU-test")
+        self.emptied = 0
+        monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+        for name, fn in {
+            "is_available": lambda: True,
+            "get_device_properties": lambda *a: props,
+            "memory_reserved": lambda *a: 0,
+            "max_memory_reserved": lambda *a: peak,
+            "reset_peak_memory_stats": lambda *a: None,
+            "empty_cache": self._empty,
+            "synchronize": (self._fail if sync_fails else lambda *a: None),
+        }.items():
+            monkeypatch.setattr(torch.cuda, name, fn)
+
+    def _empty(self):
+        self.emptied += 1
+
+    @staticmethod
+    def _fail(*a):
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+
+def _shares(tmp_path):
+    return json.loads((tmp_path / "dcp_a2a_gpu_shares_GPU-test.json").read_text())
+
+
+def test_the_share_is_given_back_when_the_test_and_cuda_fail(tmp_path, monkeypatch):
+    _FakeCuda(monkeypatch, tmp_path, sync_fails=True)
+    with pytest.raises(RuntimeError, match="illegal memory access"):
+        with gpumem.gpu_memory_share(gpumem.GIB, "cuda"):
+            assert _shares(tmp_path) == {str(os.getpid()): gpumem.GIB}
+            raise AssertionError("the test failed")
+    assert _shares(tmp_path) == {}
+
+
+def test_a_test_that_reserves_more_than_it_asked_is_warned_of(tmp_path, monkeypatch):
+    cuda = _FakeCuda(monkeypatch, tmp_path, peak=3 * gpumem.GIB)
+    with pytest.warns(UserWarning, match=r"asked for 2\.0 GiB .* reserved 3\.0 GiB"):
+        with gpumem.gpu_memory_share(2 * gpumem.GIB, "cuda"):
+            pass
+    assert cuda.emptied == 2 and _shares(tmp_path) == {}  # the cache emptied before and after
