@@ -21,23 +21,30 @@ from dcp_a2a.testing import gpumem
 
 pytestmark = pytest.mark.unit
 
-# holds a share of argv[2] bytes (limit argv[3]) for argv[4] s; prints when it got and gave it
+# asks for a share of argv[2] bytes (limit argv[3]) and holds it until the file argv[4] exists;
+# prints when it asked, got and gave it
 _HOLDER = r"""
 import sys, time
 from pathlib import Path
 from dcp_a2a.testing import gpumem
-path, n, limit, hold = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
+path, n, limit, stop = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), Path(sys.argv[4])
+print("asking", time.time(), flush=True)
 gpumem.acquire(n, limit, path)
 print("got", time.time(), flush=True)
-time.sleep(hold)
+deadline = time.time() + 60
+while not stop.exists() and time.time() < deadline:
+    time.sleep(0.02)
 print("gave", time.time(), flush=True)
 gpumem.release(n, path)
 """
 
 
-def _start(path, n, limit, hold):
-    return subprocess.Popen([sys.executable, "-c", _HOLDER, str(path), str(n), str(limit),
-                             str(hold)], stdout=subprocess.PIPE, text=True)
+def _start(path, n, limit, stop):
+    """A holder process, once it has asked for its share."""
+    proc = subprocess.Popen([sys.executable, "-c", _HOLDER, str(path), str(n), str(limit),
+                             str(stop)], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().startswith("asking")
+    return proc
 
 
 def _times(proc):
@@ -47,37 +54,49 @@ def _times(proc):
     return float(t["got"]), float(t["gave"])
 
 
-def _wait_until_held(path, nbytes):
+def _held(path):
+    try:
+        return sorted(json.loads(path.read_text()).values())
+    except (FileNotFoundError, ValueError):
+        return []
+
+
+def _wait_until(predicate, what):
     deadline = time.time() + 30
     while time.time() < deadline:
-        try:
-            if sum(json.loads(path.read_text()).values()) >= nbytes:
-                return
-        except (FileNotFoundError, ValueError):
-            pass
+        if predicate():
+            return
         time.sleep(0.02)
-    raise AssertionError("the first share was never taken")
+    raise AssertionError(what)
 
 
 def test_a_share_that_does_not_fit_waits_and_one_that_fits_does_not(tmp_path):
-    path = tmp_path / "shares.json"
-    first = _start(path, 6, 10, 1.5)
-    _wait_until_held(path, 6)
-    too_big = _start(path, 6, 10, 0.0)    # 6 + 6 > 10: after the first gives its share back
-    fits = _start(path, 3, 10, 0.0)       # 6 + 3 <= 10: at once
-    first_got, first_gave = _times(first)
+    path, hold, go = tmp_path / "shares.json", tmp_path / "hold", tmp_path / "go"
+    go.touch()
+    first = _start(path, 6, 10, hold)
+    _wait_until(lambda: _held(path) == [6], "the first share was never taken")
+    too_big = _start(path, 6, 10, go)     # 6 + 6 > 10: after the first gives its share back
+    fits = _start(path, 3, 10, go)        # 6 + 3 <= 10: at once
+    _times(fits)                          # got and gave while the first holds its share
+    assert first.poll() is None
+    time.sleep(4 * gpumem.POLL_S)         # several of too_big's tries
+    assert _held(path) == [6] and too_big.poll() is None
+    hold.touch()
+    _, first_gave = _times(first)
     big_got, _ = _times(too_big)
-    fits_got, _ = _times(fits)
     assert big_got >= first_gave, (big_got, first_gave)
-    assert fits_got < first_gave, (fits_got, first_gave)
-    assert json.loads(path.read_text()) == {}  # every share given back
+    assert _held(path) == []              # every share given back
 
 
 def test_a_share_larger_than_the_budget_runs_alone(tmp_path):
-    path = tmp_path / "shares.json"
-    small = _start(path, 1, 10, 1.0)
-    _wait_until_held(path, 1)
-    huge = _start(path, 50, 10, 0.0)
+    path, hold, go = tmp_path / "shares.json", tmp_path / "hold", tmp_path / "go"
+    go.touch()
+    small = _start(path, 1, 10, hold)
+    _wait_until(lambda: _held(path) == [1], "the small share was never taken")
+    huge = _start(path, 50, 10, go)
+    time.sleep(4 * gpumem.POLL_S)
+    assert _held(path) == [1] and huge.poll() is None
+    hold.touch()
     _, small_gave = _times(small)
     huge_got, _ = _times(huge)
     assert huge_got >= small_gave
