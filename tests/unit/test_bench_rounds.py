@@ -1,5 +1,5 @@
-"""The benchmark's interleaved timing rounds (host logic only: a fake timer stands in for the
-GPU's)."""
+"""The benchmark's interleaved timing rounds and its graph warm-up (host logic only: a fake
+timer, or fake CUDA events, stand in for the GPU's)."""
 
 from __future__ import annotations
 
@@ -140,3 +140,34 @@ def test_grid_table_reports_the_engine_design_unpack():
     assert ("unpack vs the engine design (at most 1.0 x its time): 1 met, 0 undecided, 1 missed;"
             " worst ratio 1.125 at B=64 H=128 N=8 D=512 bfloat16") in text
     assert "engine design" not in grid_table([row(256, None, None)])
+
+
+def test_warm_up_lasts_the_time_asked_when_the_first_replay_is_slow(monkeypatch):
+    """The graph's first replay also uploads it (0.3 ms here, then 0.2 ms a replay). A warm-up
+    counted from that replay ran 13.7 of the 20 ms asked. The untimed replays must add up to
+    the time asked at the usual replay's pace. (Fake CUDA events on a fake clock.)"""
+    from dcp_a2a.testing import bench
+
+    clock = {"ms": 0.0, "replays": 0}
+
+    def replay():
+        clock["ms"] += 0.3 if clock["replays"] == 0 else 0.2
+        clock["replays"] += 1
+
+    class Event:
+        def __init__(self, enable_timing=False):
+            self.ms = None
+
+        def record(self):
+            self.ms = clock["ms"]
+
+        def elapsed_time(self, end):
+            return end.ms - self.ms
+
+    monkeypatch.setattr(bench.torch.cuda, "Event", Event)
+    monkeypatch.setattr(bench.torch.cuda, "synchronize", lambda *a: None)
+    bench._warm_up(replay, 20.0)
+    assert (clock["replays"] - 1) * 0.2 >= 20.0, clock
+    clock.update(ms=0.0, replays=0)
+    bench._warm_up(replay, 0.0)
+    assert clock["replays"] == 0  # none asked, none run
