@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import os
 import re
 import shlex
@@ -172,8 +173,6 @@ print("RESULTS " + json.dumps(results))
 @pytest.fixture(scope="module")
 def collections():
     """{argv: (exit status, output)} of ``pytest ARGV --co`` for every documented line."""
-    import json
-
     env = {k: v for k, v in os.environ.items() if k != "DCP_A2A_IMPL"}
     proc = subprocess.run([sys.executable, "-c", _COLLECT_EACH,
                            json.dumps([list(a) for a in PYTEST_LINES])],
