@@ -104,20 +104,21 @@ def copy_bandwidth(nbytes: int = 4 << 30) -> float:
 # timed right after its kernel's first call; docs/perf_history.md, twelfth pass): the graph is
 # replayed untimed for this long before the timed replays, as do_bench warms up for 25 ms.
 WARMUP_MS = 25.0
+WARMUP_MAX_CALLS = 10_000  # a call timed at ~0 would otherwise ask for no end of calls
 
 
 def _warm_up_calls(ms: float, ms_per_call: float) -> int:
-    """Calls of ``ms_per_call`` that make up at least ``ms`` (capped: a call timed at ~0)."""
-    return 0 if ms <= 0 else min(10_000, math.ceil(ms / max(ms_per_call, 1e-3)))
+    """Calls of ``ms_per_call`` that make up at least ``ms`` (at most WARMUP_MAX_CALLS)."""
+    return 0 if ms <= 0 else min(WARMUP_MAX_CALLS, math.ceil(ms / max(ms_per_call, 1e-3)))
 
 
 def _warm_up(replay, ms: float) -> None:
-    """Run ``replay`` untimed until ``ms`` milliseconds of GPU time have passed (at most 10,000
-    replays), measured with events around batches that double. A count taken from the first
-    replay alone fell short, because that replay also uploads the graph and is slower than the
-    rest: an H100 warmed up for 17.8 of the 20 ms asked."""
+    """Run ``replay`` untimed until ``ms`` milliseconds of GPU time have passed (at most
+    WARMUP_MAX_CALLS replays), measured with events around batches that double. A count taken
+    from the first replay alone fell short, because that replay also uploads the graph and is
+    slower than the rest: an H100 warmed up for 17.8 of the 20 ms asked."""
     done, calls, batch = 0.0, 0, 1
-    while done < ms and calls < 10_000:
+    while done < ms and calls < WARMUP_MAX_CALLS:
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record()
         for _ in range(batch):
