@@ -30,8 +30,10 @@ DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch
 CPU_SHAPES = [Shape(2, 8, 24)]  # the interpreter: one small shape (paired 16-bit path, fp32)
 
 
-def _grid(device):
-    shapes = parse_shapes(GPU_SHAPES) if device.type == "cuda" else CPU_SHAPES
+def _grid():
+    """(shape, dtype name) of the grid: the accuracy job's GPU shapes compiled, one small shape
+    on the interpreter (the device fixture is CUDA exactly when a GPU is visible)."""
+    shapes = parse_shapes(GPU_SHAPES) if torch.cuda.is_available() else CPU_SHAPES
     for shape, dt in itertools.product(shapes, DTYPES):
         if shape.dtype in (None, dt):
             yield shape, dt
@@ -81,63 +83,62 @@ def _same(a, b) -> bool:
 GROUPS = (2, 4, 8) if torch.cuda.is_available() else (2,)
 
 
-def _cases(device, n, dt):
-    """(case number, shape) of the (N, dtype) part of the grid; the case numbers seed the
+def _cases():
+    """(case number, N, dtype name, shape) of the whole grid; the case numbers seed the
     partials as they did when one test ran the whole grid."""
-    for case, (gn, (shape, gdt)) in enumerate(itertools.product(GROUPS, _grid(device)), start=1):
-        if (gn, gdt) == (n, dt):
-            yield case, shape
+    for case, (n, (shape, dt)) in enumerate(itertools.product(GROUPS, _grid()), start=1):
+        yield case, n, dt, shape
 
 
-def _memory_need(device, n, dt) -> int:
-    """GPU bytes the (N, dtype) part of the grid peaks at: (16 + 6 N) times its largest
-    partial of one rank. Measured on an H100 for the 512 MiB bfloat16 partials of 8192x64x512:
-    10.7 GiB at N = 2, at most 16 GiB at N = 4, at most 32 GiB at N = 8. The peak holds the
-    partials, every simulated rank's send and receive buffers, ag_rs's float32 weighted outputs
-    and two backends' results held for the comparison. Eight workers running these cases at
-    once without asking used up an 80 GiB H100."""
-    return (16 + 6 * n) * max((s.b * s.h * s.d * DTYPES[dt].itemsize
-                               for _, s in _cases(device, n, dt)), default=0)
+def _memory_need(n, dt, shape) -> int:
+    """GPU bytes one case peaks at: (16 + 6 N) times one rank's partial. Measured on an H100
+    for the 512 MiB bfloat16 partials of 8192x64x512: 10.7 GiB at N = 2, at most 16 GiB at
+    N = 4, at most 32 GiB at N = 8. The peak holds the partials, every simulated rank's send
+    and receive buffers, ag_rs's float32 weighted outputs and two backends' results held for
+    the comparison. Eight workers running these cases at once without asking used up an
+    80 GiB H100."""
+    return (16 + 6 * n) * shape.b * shape.h * shape.d * DTYPES[dt].itemsize
 
 
-# One test per (base, N, dtype) instead of one per base: the same cases and checks, but xdist
-# spreads them. As two tests they were the whole of validate's wall time on one H200 (each
-# ran 316-343 s, cold Triton cache, while the other 930 tests took ~600 s over 8 workers).
+# One test per (base, case): the same cases and checks as one test of the whole grid, but
+# xdist spreads them, and only the one large case waits for a share of the card. As two tests
+# (one per base) they were the whole of validate's wall time on one H200 (316-343 s each, cold
+# Triton cache); as 18 (base x N x dtype, each holding its largest case's share throughout) the
+# two N = 8 bfloat16 ones took 148 and 180 s on one H100, behind each other's 32 GiB share.
 @pytest.mark.slow  # every configuration x every backend: ~7 s a dtype on the interpreter
-@pytest.mark.parametrize("dt", list(DTYPES))
-@pytest.mark.parametrize("n", GROUPS, ids=lambda n: f"n{n}")
+@pytest.mark.parametrize("case,n,dt,shape", [
+    pytest.param(case, n, dt, s, id=f"n{n}-{dt}-{s.b}x{s.h}x{s.d}")
+    for case, n, dt, s in _cases()])
 @pytest.mark.parametrize("base_e", [True, False], ids=["base_e", "base_2"])
-def test_every_launch_gives_the_same_bits(device, base_e, n, dt):
-    with gpu_memory_share(_memory_need(device, n, dt), device):
-        _every_launch_gives_the_same_bits(device, base_e, n, dt)
+def test_every_launch_gives_the_same_bits(device, base_e, case, n, dt, shape):
+    with gpu_memory_share(_memory_need(n, dt, shape), device):
+        _every_launch_gives_the_same_bits(device, base_e, case, n, dt, shape)
 
 
-def _every_launch_gives_the_same_bits(device, base_e, n, dt):
-    checked = 0
-    for case, shape in _cases(device, n, dt):
-        dtype = DTYPES[dt]
-        parts = [rank_partial(7, case, r, shape, dtype, 4.0, device) for r in range(n)]
-        outs, lses = [p[0] for p in parts], [p[1] for p in parts]
-        first = None
-        for cfg in _configs(outs[0], n):
-            tuning.OVERRIDES.update(cfg)
-            try:
-                res = _all_backends(outs, lses, base_e)
-            finally:
-                tuning.OVERRIDES.clear()
-            where = f"{shape} {dt} N={n} base {'e' if base_e else 2} under {cfg}"
-            for r, be in itertools.product(range(n), ("two_collective", "symm_mem")):
-                (po, pl), (to, tl_) = res["packed"][r], res[be][r]
-                assert _same(po, to) and _same(pl, tl_), (
-                    f"packed != {be} on rank {r}: {where}; "
-                    f"{int((bits_view(po) != bits_view(to)).sum())} output elements differ, "
-                    f"max |diff| {float((po.float() - to.float()).abs().max()):.3e}")
-            if first is None:
-                first = (cfg, res)
-                continue
-            for be, r in itertools.product(res, range(n)):
-                for a, b, what in zip(res[be][r], first[1][be][r], ("output", "lse")):
-                    assert _same(a, b), (f"{be} {what} on rank {r} changed with the launch: "
-                                         f"{where} vs {first[0]}")
-            checked += 1
+def _every_launch_gives_the_same_bits(device, base_e, case, n, dt, shape):
+    dtype = DTYPES[dt]
+    parts = [rank_partial(7, case, r, shape, dtype, 4.0, device) for r in range(n)]
+    outs, lses = [p[0] for p in parts], [p[1] for p in parts]
+    first, checked = None, 0
+    for cfg in _configs(outs[0], n):
+        tuning.OVERRIDES.update(cfg)
+        try:
+            res = _all_backends(outs, lses, base_e)
+        finally:
+            tuning.OVERRIDES.clear()
+        where = f"{shape} {dt} N={n} base {'e' if base_e else 2} under {cfg}"
+        for r, be in itertools.product(range(n), ("two_collective", "symm_mem")):
+            (po, pl), (to, tl_) = res["packed"][r], res[be][r]
+            assert _same(po, to) and _same(pl, tl_), (
+                f"packed != {be} on rank {r}: {where}; "
+                f"{int((bits_view(po) != bits_view(to)).sum())} output elements differ, "
+                f"max |diff| {float((po.float() - to.float()).abs().max()):.3e}")
+        if first is None:
+            first = (cfg, res)
+            continue
+        for be, r in itertools.product(res, range(n)):
+            for a, b, what in zip(res[be][r], first[1][be][r], ("output", "lse")):
+                assert _same(a, b), (f"{be} {what} on rank {r} changed with the launch: "
+                                     f"{where} vs {first[0]}")
+        checked += 1
     assert checked > 0  # at least two configurations were compared
