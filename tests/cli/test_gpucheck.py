@@ -110,3 +110,20 @@ def test_a_hung_step_is_killed_and_fails_naming_the_hang(monkeypatch, tmp_path):
     step = gpucheck.accuracy_step(tmp_path, 1, {})
     assert step.status == "failed" and step.detail.startswith("killed after 900 s (a hang)")
     assert not (tmp_path / "accuracy.json").exists()
+
+
+def test_accuracy_step_runs_every_case_of_the_job(monkeypatch, tmp_path):
+    """gpu-check shortens the accuracy job's timing loop (1 warm-up, 2 timed calls), never its
+    cases: the command parses to the job's default shapes, dtypes, backends and bases."""
+    from dcp_a2a.testing import accuracy
+
+    seen = []
+    monkeypatch.setattr(gpucheck, "_run", lambda cmd, log, env, timeout_s=None:
+                        (seen.append(cmd), (1, 0.0))[1])
+    gpucheck.accuracy_step(tmp_path, 1, {})
+    (cmd,) = seen
+    args = accuracy.parse_args(cmd[cmd.index("dcp_a2a.testing.accuracy") + 1:])
+    defaults = accuracy.parse_args([])
+    assert (args.warmup, args.iters) == (1, 2)
+    for name in ("shapes", "dtype", "backend", "base", "impl", "seed", "spread"):
+        assert getattr(args, name) == getattr(defaults, name), name
