@@ -1,0 +1,112 @@
+"""Where an eager call's host time goes on a GPU machine (issue 47), in one short run.
+
+    python docs/perf_data/eager_profile.py [OUT.json] [--calls 2000] [--top 15]
+
+At one decode row (B=64 H=128 D=512 N=8 bfloat16, CUDA tensors), for ``pack_send`` and
+``unpack_combine``: the eager time per call (``dcp_a2a.testing.eager.eager_us``: back-to-back
+calls, one synchronise at the end, median of 5), the same with every Triton launch replaced by a
+no-op (our host work alone, on this machine's CPU and with CUDA tensors; ``host_overhead.py``
+measures it with CPU tensors), the empty-kernel floor (Triton's launcher with the real launch's
+arguments), and cProfile's top functions by own time over ``--calls`` real calls. The probe of
+a86bf2b on one H100 found ours 43-51 us a call above the floor there, where the 2-core CPU
+machine measures 8-9 us of host work: this says which calls make the difference.
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import platform
+import pstats
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout, uninstalled
+
+import torch  # noqa: E402
+
+import dcp_a2a  # noqa: E402
+from dcp_a2a.kernels import combine, pack  # noqa: E402
+from dcp_a2a.testing import eager  # noqa: E402
+
+B, H, D, N, DTYPE = 64, 128, 512, 8, torch.bfloat16
+
+
+class _NoLaunch:
+    """Stands in for a ``@triton.jit`` kernel: ``kernel[grid](*args, **kw)`` does nothing."""
+
+    def __getitem__(self, grid):
+        return lambda *args, **kw: None
+
+
+def _without_launches(fn):
+    # the launched kernels only (the jitted device functions they call stay as they are)
+    kernels = [(mod, name) for mod, name in eager.twins() if mod in (pack, combine)]
+
+    def call():
+        saved = [(mod, name, getattr(mod, name)) for mod, name in kernels]
+        for mod, name, _ in saved:
+            setattr(mod, name, _NoLaunch())
+        try:
+            return eager.eager_us(fn, CALLS, 5, torch.cuda.synchronize)[0]
+        finally:
+            for mod, name, k in saved:
+                setattr(mod, name, k)
+    return call
+
+
+def _profile(fn, top: int) -> str:
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(CALLS):
+        fn()
+    torch.cuda.synchronize()
+    prof.disable()
+    buf = io.StringIO()
+    pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(top)
+    return buf.getvalue()
+
+
+def main() -> int:
+    global CALLS
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("out", nargs="?", default="eager_profile.json")
+    ap.add_argument("--calls", type=int, default=2000)
+    ap.add_argument("--top", type=int, default=15)
+    args = ap.parse_args()
+    CALLS = args.calls
+    if not torch.cuda.is_available():
+        ap.error("needs a CUDA GPU (the point is what CUDA tensors and the compiled launch cost)")
+    dev = torch.device("cuda")
+    p, hpr = dcp_a2a.lse_pack_dim(DTYPE), H // N
+    out = torch.randn(B, H, D, device=dev).to(DTYPE)
+    lse = torch.randn(B, H, device=dev) * 4
+    send = torch.empty(N, B, hpr, D + p, dtype=DTYPE, device=dev)
+    dcp_a2a.pack_send(out, lse, send, N, hpr, D, p)
+    recv = send.clone()
+    fns = {"pack_send": lambda: dcp_a2a.pack_send(out, lse, send, N, hpr, D, p),
+           "unpack_combine": lambda: dcp_a2a.unpack_combine(recv, D, p, False, True)}
+    report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+              "python": platform.python_version(), "cpu": platform.processor(),
+              "shape": f"B={B} H={H} D={D} N={N} bfloat16", "calls": CALLS, "ops": {}}
+    for op, fn in fns.items():
+        twin, grid, a, kw = eager.capture_launch(fn)
+        row = {"eager_us": eager.eager_us(fn, CALLS, 5, torch.cuda.synchronize)[0],
+               "no_launch_us": _without_launches(fn)(),
+               "floor_us": eager.eager_us(lambda: twin[grid](*a, **kw), CALLS, 5,
+                                          torch.cuda.synchronize)[0],
+               "profile": _profile(fn, args.top)}
+        report["ops"][op] = row
+        print(f"{op}: eager {row['eager_us']:.2f} us, our host work alone "
+              f"{row['no_launch_us']:.2f} us, empty-kernel floor {row['floor_us']:.2f} us")
+        print(row["profile"])
+    Path(args.out).write_text(json.dumps(report, indent=1))
+    return 0
+
+
+CALLS = 2000
+
+if __name__ == "__main__":
+    sys.exit(main())
