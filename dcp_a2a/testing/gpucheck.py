@@ -149,12 +149,10 @@ def selfcheck_step(out: Path, workers, env: dict) -> Step:
     # -j as the validate step takes it (0: one process; unset or auto: validate's GPU default)
     jobs = max(1, workers if isinstance(workers, int) else min(GPU_WORKERS, os.cpu_count() or 1))
     # mutant runs stop at their first failure: mostly start-up (a CUDA context each), so several
-    # at once; each correct implementation's full run gets the validate step's workers, and
-    # they run beside the mutants (--alongside): one after the other, then the mutants, was
-    # 270.6 s of a86bf2b's 655 s on one H100, with most of its 16 cores idle
+    # at once; the contract's full run gets the validate step's workers
     parallel = max(1, min(6, (os.cpu_count() or 2) // 2))
     cmd = [sys.executable, "-m", "dcp_a2a.testing.selfcheck", "--correct",
-           *GPU_CHECK_CORRECT, "--jobs", str(jobs), "--alongside",
+           *GPU_CHECK_CORRECT, "--jobs", str(jobs),
            "--parallel", str(parallel), "--json", str(report),
            "--workdir", str(out / "selfcheck")]
     code = _run_step(step, "selfcheck", cmd, log, env, report)

@@ -40,7 +40,6 @@ def test_selfcheck_step_names_survivors_and_the_contract(monkeypatch, tmp_path):
     i = cmd.index("--correct")
     assert cmd[i + 1:i + 3] == ["dcp_a2a.reference.contract", "dcp_a2a.testing.freedoms"]
     assert cmd[cmd.index("--jobs") + 1] == "4"
-    assert "--alongside" in cmd  # the correct runs beside the mutants, not before them
 
 
 def test_a_skipped_step_never_reads_as_a_full_pass():

@@ -75,22 +75,6 @@ def test_selfcheck_fails_when_a_mutant_survives(tmp_path):
     assert "PROBLEM dcp_a2a.reference.contract: SURVIVED" in proc.stdout
 
 
-def test_alongside_runs_the_correct_ones_beside_the_mutants(tmp_path):
-    """``--alongside`` (what gpu-check uses): the correct implementation's run starts with the
-    mutants' instead of before them, and the verdicts are those of the usual order."""
-    proc, report = _selfcheck(
-        tmp_path, "--correct", "dcp_a2a.reference.contract", "--alongside", "--jobs", "1",
-        "--parallel", "1", "--mutants", "dcp_a2a.testing.mutants.lse_halves_swapped",
-        "--paths", "dcp_a2a/testing/conformance/test_wire_format.py", timeout=600)
-    assert report is not None, proc.stdout + proc.stderr
-    runs = {r["kind"]: r for r in report["runs"]}
-    assert (runs["correct"]["verdict"], runs["mutant"]["verdict"]) == ("pass", "killed"), \
-        proc.stdout
-    correct_end = runs["correct"]["started"] + runs["correct"]["seconds"]
-    assert runs["mutant"]["started"] < correct_end, "the mutant waited for the correct run"
-    assert proc.returncode == 0 and report["ok"]
-
-
 def test_every_mutant_killed_and_correct_implementations_pass(tmp_path):
     """Every mutant killed; the reference contract passes, and so do the implementation that
     takes every freedom the contract leaves and the one written from scratch (a test that fails
