@@ -23,6 +23,7 @@ import torch
 
 import dcp_a2a  # noqa: F401  (chooses compiled or interpreted Triton before any kernel exists)
 
+from .cores import THREADS_ENV, thread_share
 from .impl import (DEFAULT_SPEC, ENV_VAR, MissingFunction, load_impl,
                    missing_function_message, resolve_spec)
 
@@ -100,25 +101,14 @@ def pytest_configure(config):
     os.environ[ENV_VAR] = spec
 
 
-THREADS_ENV = "OMP_NUM_THREADS"
-
-
 def share_cores(workers: int) -> None:
-    """An xdist worker's share of the cores for torch's CPU ops, unless the user set
-    ``OMP_NUM_THREADS``: each worker otherwise runs as many threads as the machine has cores,
-    and W workers oversubscribe them W times. Set in the environment too, so the processes a
-    test starts (CLI runs, rank pools, torchrun) keep to the share. The README's test command
-    on the 2-core CI machine: 164.0-165.0 s of pytest with 2 threads a worker, 139.5-142.9 s
-    with 1."""
-    if THREADS_ENV in os.environ:
-        return
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        cores = os.cpu_count() or 1
-    threads = max(1, cores // max(1, workers))
-    torch.set_num_threads(threads)
-    os.environ[THREADS_ENV] = str(threads)
+    """An xdist worker's share of the cores for torch's CPU ops (:mod:`.cores`), unless the user
+    set ``OMP_NUM_THREADS``; set in the environment too, so the processes a test starts (CLI
+    runs, rank pools, torchrun) keep to the share."""
+    threads = thread_share(workers)
+    if threads is not None:
+        torch.set_num_threads(threads)
+        os.environ[THREADS_ENV] = str(threads)
 
 
 # The conformance suite runs its cheapest, most discriminating checks first (so that ``-x``, as

@@ -38,6 +38,8 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from .cores import THREADS_ENV, thread_share
+
 from .validate import died_records, xdist_args
 
 CORRECT = ("dcp_a2a", "dcp_a2a.reference.contract", "dcp_a2a.testing.freedoms",
@@ -229,7 +231,7 @@ def _env(root: Path) -> dict:
 
 def run_one(spec: str, kind: str, *, root: Path, jobs: int, timeout: float, workdir: Path,
             paths: list[str], marker: str, description: str = "",
-            broken: str = "") -> Run:
+            broken: str = "", threads: int | None = None) -> Run:
     run = Run(spec=spec, kind=kind, description=description)
     if kind == "mutant":
         from .rankpool import gpu_count
@@ -258,6 +260,8 @@ def run_one(spec: str, kind: str, *, root: Path, jobs: int, timeout: float, work
     cmd += paths
     env = _env(root)
     env["DCP_A2A_IMPL"] = spec
+    if threads is not None:  # torch's share of the cores beside the other runs at once
+        env[THREADS_ENV] = str(threads)
     t0 = run.started = time.time()
     with open(log, "w") as fh:
         fh.write(" ".join(cmd) + "\n")
@@ -339,6 +343,10 @@ def _pytest_child(args, cwd, env, log) -> None:
     os.chdir(cwd)
     os.environ.clear()
     os.environ.update(env)
+    if THREADS_ENV in env:  # torch was imported before the fork, with the server's environment
+        import torch
+
+        torch.set_num_threads(int(env[THREADS_ENV]))
     sys.path[:0] = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     fd = os.open(log, os.O_WRONLY | os.O_APPEND)
     os.dup2(fd, 1)
@@ -508,9 +516,11 @@ def main(argv=None) -> int:
         for proc in list(_LIVE):
             _kill_group(proc)
     pool = ThreadPoolExecutor(max_workers=max(1, args.parallel))
+    threads = thread_share(max(1, args.parallel) * max(1, args.mutant_jobs))
     try:
         futures = [pool.submit(run_one, spec, "mutant", jobs=args.mutant_jobs, description=desc,
-                               broken=broken.get(spec, ""), **common) for spec, desc in mutants]
+                               broken=broken.get(spec, ""), threads=threads, **common)
+                   for spec, desc in mutants]
         for fut in as_completed(futures):
             report(fut.result())
     finally:  # on an interrupt: end the running pytest sessions, then the threads waiting on them
