@@ -85,9 +85,26 @@ GROUPS = (2, 4, 8) if torch.cuda.is_available() else (2,)
 
 def _cases():
     """(case number, N, dtype name, shape) of the whole grid; the case numbers seed the
-    partials as they did when one test ran the whole grid."""
-    for case, (n, (shape, dt)) in enumerate(itertools.product(GROUPS, _grid()), start=1):
-        yield case, n, dt, shape
+    partials as they did when one test ran the whole grid.
+
+    Ordered so that cases compiling the same kernels do not run at once. A case's time on a
+    GPU is mostly compiling (11-30 s whatever its shape, one H100): every launch of the table
+    is a specialisation of its own, per N, element width (the pack moves float16 and bfloat16
+    as the same int32 words), heads per rank, head dim and B == 1 (B, H and the strides are
+    otherwise runtime integers divisible by 16). xdist hands tests out in order, so two cases
+    of one such class next to each other would compile the same kernels side by side: the
+    k-th case of every class runs after the (k-1)-th of all of them, by when those have filled
+    Triton's cache. (Not yet timed on a GPU.)"""
+    cases = [(case, n, dt, shape) for case, (n, (shape, dt))
+             in enumerate(itertools.product(GROUPS, _grid()), start=1)]
+    seen: dict = {}
+    order = []
+    for c in cases:
+        _, n, dt, shape = c
+        key = (n, DTYPES[dt].itemsize, shape.b == 1, shape.h // n, shape.d)
+        order.append((seen.get(key, 0), c[0]))
+        seen[key] = seen.get(key, 0) + 1
+    return [c for _, c in sorted(zip(order, cases))]
 
 
 def _memory_need(n, dt, shape) -> int:
