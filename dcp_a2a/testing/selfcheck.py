@@ -39,7 +39,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .cores import THREADS_ENV, thread_share
-
 from .validate import died_records, xdist_args
 
 CORRECT = ("dcp_a2a", "dcp_a2a.reference.contract", "dcp_a2a.testing.freedoms",

@@ -11,6 +11,7 @@ grid compiled; on the CPU interpreter a small grid (the same code paths, numpy a
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import itertools
 
@@ -97,14 +98,14 @@ def _cases():
     Triton's cache. (Not yet timed on a GPU.)"""
     cases = [(case, n, dt, shape) for case, (n, (shape, dt))
              in enumerate(itertools.product(GROUPS, _grid()), start=1)]
-    seen: dict = {}
-    order = []
+    seen = collections.Counter()
+    ranked = []
     for c in cases:
-        _, n, dt, shape = c
+        case, n, dt, shape = c
         key = (n, DTYPES[dt].itemsize, shape.b == 1, shape.h // n, shape.d)
-        order.append((seen.get(key, 0), c[0]))
-        seen[key] = seen.get(key, 0) + 1
-    return [c for _, c in sorted(zip(order, cases))]
+        ranked.append((seen[key], case, c))  # the how-many-th of its class
+        seen[key] += 1
+    return [c for _, _, c in sorted(ranked, key=lambda r: r[:2])]
 
 
 def _memory_need(n, dt, shape) -> int:

@@ -14,6 +14,9 @@ pytestmark = pytest.mark.unit
 
 @pytest.fixture
 def threads_set(monkeypatch):
+    """torch.set_num_threads recorded, not called; 16 cores; OMP_NUM_THREADS restored after
+    (setenv first: monkeypatch then restores it even where it was unset)."""
+    monkeypatch.setenv(cores.THREADS_ENV, "0")
     seen = []
     monkeypatch.setattr(plugin.torch, "set_num_threads", seen.append)
     monkeypatch.setattr(cores, "available_cores", lambda: 16)
@@ -23,7 +26,7 @@ def threads_set(monkeypatch):
 @pytest.mark.parametrize("workers,threads", [(8, 2), (2, 8), (16, 1), (32, 1), (1, 16)])
 def test_each_worker_gets_its_share_and_passes_it_on(monkeypatch, threads_set, workers,
                                                      threads):
-    monkeypatch.delenv(cores.THREADS_ENV, raising=False)
+    monkeypatch.delenv(cores.THREADS_ENV)
     plugin.share_cores(workers)
     assert threads_set == [threads]
     assert os.environ[cores.THREADS_ENV] == str(threads)  # for the processes tests start
