@@ -7,7 +7,9 @@ At one decode row (B=64 H=128 D=512 N=8 bfloat16, CUDA tensors), for ``pack_send
 calls, one synchronise at the end, median of 5), the same with every Triton launch replaced by a
 no-op (our host work alone, on this machine's CPU and with CUDA tensors; ``host_overhead.py``
 measures it with CPU tensors), the empty-kernel floor (Triton's launcher with the real launch's
-arguments), and cProfile's top functions by own time over ``--calls`` real calls. The probe of
+arguments), the real kernel's compiled launcher called directly (what a launch cached per
+problem, skipping Triton's Python dispatch, could reach), and cProfile's top functions by own
+time over ``--calls`` real calls. The probe of
 a86bf2b on one H100 found ours 43-51 us a call above the floor there, where the 2-core CPU
 machine measures 8-9 us of host work: this says which calls make the difference.
 """
@@ -56,6 +58,28 @@ def _without_launches(fn):
     return call
 
 
+def _direct_launch(twin, grid, args, kw):
+    """The real kernel's compiled launcher called straight, as a launch cached per problem would
+    call it: no binding, specialisation or cache look-up in Python. Uses Triton's internals
+    (``CompiledKernel.run`` as ``JITFunction.run`` calls it in Triton 3.x), so on another
+    version it may not work: the caller reports why and goes on."""
+    import inspect
+
+    real = {id(t): getattr(mod, name) for (mod, name), t in eager.twins().items()}[id(twin)]
+    params = inspect.signature(real.fn).parameters
+    bound = inspect.signature(real.fn).bind(*args, **{k: v for k, v in kw.items() if k in params})
+    bound.apply_defaults()
+    compiled = real[grid](*args, **kw)  # compiles (or finds) this very specialisation
+    g = tuple(grid(bound.arguments) if callable(grid) else grid) + (1, 1)
+    stream = torch.cuda.current_stream().cuda_stream
+    vals = list(bound.arguments.values())
+
+    def launch():
+        compiled.run(g[0], g[1], g[2], stream, compiled.function, compiled.packed_metadata,
+                     None, None, None, *vals)
+    return launch
+
+
 def _profile(fn, top: int) -> str:
     prof = cProfile.Profile()
     prof.enable()
@@ -98,9 +122,17 @@ def main() -> int:
                "floor_us": eager.eager_us(lambda: twin[grid](*a, **kw), CALLS, 5,
                                           torch.cuda.synchronize)[0],
                "profile": _profile(fn, args.top)}
+        try:
+            row["direct_launch_us"] = eager.eager_us(_direct_launch(twin, grid, a, kw), CALLS,
+                                                     5, torch.cuda.synchronize)[0]
+        except Exception as e:  # Triton's internals differ: say so, keep the rest
+            row["direct_launch_us"], row["direct_launch_error"] = None, f"{type(e).__name__}: {e}"
         report["ops"][op] = row
+        direct = (f"{row['direct_launch_us']:.2f} us" if row["direct_launch_us"] is not None
+                  else f"unavailable ({row['direct_launch_error']})")
         print(f"{op}: eager {row['eager_us']:.2f} us, our host work alone "
-              f"{row['no_launch_us']:.2f} us, empty-kernel floor {row['floor_us']:.2f} us")
+              f"{row['no_launch_us']:.2f} us, empty-kernel floor {row['floor_us']:.2f} us, "
+              f"the real kernel's compiled launcher called directly {direct}")
         print(row["profile"])
     Path(args.out).write_text(json.dumps(report, indent=1))
     return 0
