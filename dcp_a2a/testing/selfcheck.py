@@ -69,7 +69,6 @@ class Run:
     collect_errors: int = 0
     exitstatus: int | None = None
     seconds: float = 0.0
-    started: float = 0.0         # wall-clock start (time.time()), for the report's schedule
     log: str = ""
     notes: list = field(default_factory=list)
 
@@ -261,7 +260,7 @@ def run_one(spec: str, kind: str, *, root: Path, jobs: int, timeout: float, work
     env["DCP_A2A_IMPL"] = spec
     if threads is not None:  # torch's share of the cores beside the other runs at once
         env[THREADS_ENV] = str(threads)
-    t0 = run.started = time.time()
+    t0 = time.time()
     with open(log, "w") as fh:
         fh.write(" ".join(cmd) + "\n")
     if jobs == 1 and _forkable():

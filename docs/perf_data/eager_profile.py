@@ -25,37 +25,27 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout, uninstalled
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # host_overhead.py beside it
 
 import torch  # noqa: E402
 
 import dcp_a2a  # noqa: E402
-from dcp_a2a.kernels import combine, pack  # noqa: E402
 from dcp_a2a.testing import eager  # noqa: E402
+from host_overhead import KERNELS, _NoLaunch  # noqa: E402
 
 B, H, D, N, DTYPE = 64, 128, 512, 8, torch.bfloat16
 
 
-class _NoLaunch:
-    """Stands in for a ``@triton.jit`` kernel: ``kernel[grid](*args, **kw)`` does nothing."""
-
-    def __getitem__(self, grid):
-        return lambda *args, **kw: None
-
-
-def _without_launches(fn):
-    # the launched kernels only (the jitted device functions they call stay as they are)
-    kernels = [(mod, name) for mod, name in eager.twins() if mod in (pack, combine)]
-
-    def call():
-        saved = [(mod, name, getattr(mod, name)) for mod, name in kernels]
-        for mod, name, _ in saved:
-            setattr(mod, name, _NoLaunch())
-        try:
-            return eager.eager_us(fn, CALLS, 5, torch.cuda.synchronize)[0]
-        finally:
-            for mod, name, k in saved:
-                setattr(mod, name, k)
-    return call
+def _without_launches(fn, calls: int) -> float:
+    """``fn``'s eager us per call with every launch a no-op (host_overhead.py's stand-ins)."""
+    saved = [(mod, name, getattr(mod, name)) for mod, name in KERNELS]
+    for mod, name, _ in saved:
+        setattr(mod, name, _NoLaunch())
+    try:
+        return eager.eager_us(fn, calls, 5, torch.cuda.synchronize)[0]
+    finally:
+        for mod, name, k in saved:
+            setattr(mod, name, k)
 
 
 def _direct_launch(twin, grid, args, kw):
@@ -80,10 +70,10 @@ def _direct_launch(twin, grid, args, kw):
     return launch
 
 
-def _profile(fn, top: int) -> str:
+def _profile(fn, calls: int, top: int) -> str:
     prof = cProfile.Profile()
     prof.enable()
-    for _ in range(CALLS):
+    for _ in range(calls):
         fn()
     torch.cuda.synchronize()
     prof.disable()
@@ -93,14 +83,13 @@ def _profile(fn, top: int) -> str:
 
 
 def main() -> int:
-    global CALLS
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("out", nargs="?", default="eager_profile.json")
     ap.add_argument("--calls", type=int, default=2000)
     ap.add_argument("--top", type=int, default=15)
     args = ap.parse_args()
-    CALLS = args.calls
+    calls = args.calls
     if not torch.cuda.is_available():
         ap.error("needs a CUDA GPU (the point is what CUDA tensors and the compiled launch cost)")
     dev = torch.device("cuda")
@@ -114,16 +103,16 @@ def main() -> int:
            "unpack_combine": lambda: dcp_a2a.unpack_combine(recv, D, p, False, True)}
     report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
               "python": platform.python_version(), "cpu": platform.processor(),
-              "shape": f"B={B} H={H} D={D} N={N} bfloat16", "calls": CALLS, "ops": {}}
+              "shape": f"B={B} H={H} D={D} N={N} bfloat16", "calls": calls, "ops": {}}
     for op, fn in fns.items():
         twin, grid, a, kw = eager.capture_launch(fn)
-        row = {"eager_us": eager.eager_us(fn, CALLS, 5, torch.cuda.synchronize)[0],
-               "no_launch_us": _without_launches(fn)(),
-               "floor_us": eager.eager_us(lambda: twin[grid](*a, **kw), CALLS, 5,
+        row = {"eager_us": eager.eager_us(fn, calls, 5, torch.cuda.synchronize)[0],
+               "no_launch_us": _without_launches(fn, calls),
+               "floor_us": eager.eager_us(lambda: twin[grid](*a, **kw), calls, 5,
                                           torch.cuda.synchronize)[0],
-               "profile": _profile(fn, args.top)}
+               "profile": _profile(fn, calls, args.top)}
         try:
-            row["direct_launch_us"] = eager.eager_us(_direct_launch(twin, grid, a, kw), CALLS,
+            row["direct_launch_us"] = eager.eager_us(_direct_launch(twin, grid, a, kw), calls,
                                                      5, torch.cuda.synchronize)[0]
         except Exception as e:  # Triton's internals differ: say so, keep the rest
             row["direct_launch_us"], row["direct_launch_error"] = None, f"{type(e).__name__}: {e}"
@@ -137,8 +126,6 @@ def main() -> int:
     Path(args.out).write_text(json.dumps(report, indent=1))
     return 0
 
-
-CALLS = 2000
 
 if __name__ == "__main__":
     sys.exit(main())
