@@ -25,7 +25,9 @@ Records. ``PREFIX.collection.json`` (written once, by the controller or xdist wo
 the selected node ids with their tiers and every dropped test with the reason.
 ``PREFIX.results.jsonl`` (written by the controller as tests finish, one JSON object a line) holds
 per test: outcome (passed / failed / error / skipped / xfailed / xpassed), tiers, markers,
-duration, skip reason or a short failure text, and every ``merge_report`` user property (the
+duration, ``t`` (seconds from the session's start when its record was written; the start line
+carries when it started), ``worker`` (the xdist worker that ran it), skip reason or a short
+failure text, and every ``merge_report`` user property (the
 ``merge_check`` fixture's :meth:`dcp_a2a.testing.compare.MergeReport.as_dict`). A
 ``{"event": "start", "nodeid": ...}`` line precedes each test's record, so a reader can name the
 test that was running when the process died (a segfault, ``os._exit``, an illegal CUDA access in
@@ -177,7 +179,12 @@ class _Recorder:
         self.collect_errors = 0
         self.t0 = time.time()
 
+    def _now(self) -> float:
+        return round(time.time() - self.t0, 3)
+
     def _emit(self, rec: dict) -> None:
+        if rec["event"] == "test":  # when it ended and where: the session's timeline
+            rec.setdefault("t", self._now())
         self.fh.write(json.dumps(rec, default=_json_default) + "\n")
 
     @pytest.hookimpl
@@ -191,7 +198,7 @@ class _Recorder:
 
     @pytest.hookimpl
     def pytest_runtest_logstart(self, nodeid, location):
-        self._emit({"event": "start", "nodeid": nodeid})
+        self._emit({"event": "start", "nodeid": nodeid, "t": self._now()})
 
     @pytest.hookimpl
     def pytest_runtest_logreport(self, report):
@@ -199,6 +206,9 @@ class _Recorder:
             "event": "test", "nodeid": report.nodeid, "outcome": None, "phase": None,
             "tiers": [], "markers": [],
             "duration": 0.0, "text": "", "message": "", "merge_reports": []})
+        node = getattr(report, "node", None)  # xdist: the worker that ran it
+        if node is not None and "worker" not in rec:
+            rec["worker"] = getattr(getattr(node, "gateway", None), "id", None)
         rec["duration"] += float(getattr(report, "duration", 0.0) or 0.0)
         props = list(getattr(report, "user_properties", []) or [])
         for k, v in props:

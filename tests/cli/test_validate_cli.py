@@ -128,6 +128,15 @@ def _markdown_and_machine_info(failing_run):
         "test_both_tiers") and top[0]["duration_s"] >= 0.3
     assert [t["duration_s"] for t in top] == sorted((t["duration_s"] for t in top), reverse=True)
     assert "## Slowest" in md and "`" + top[0]["nodeid"] + "`" in md
+    # the session's timeline: when each test started and when its record was written
+    started = {}
+    for line in (out / "raw" / "main.results.jsonl").read_text().splitlines():
+        r = json.loads(line)
+        if r["event"] == "start":
+            started[r["nodeid"]] = r["t"]
+        elif r["event"] == "test" and r["phase"] != "collect":
+            assert 0 <= started[r["nodeid"]] <= r["t"], r
+            assert r["t"] - started[r["nodeid"]] >= r["duration"] - 0.05, r
 
 
 @pytest.mark.slow
