@@ -146,13 +146,18 @@ def selfcheck_step(out: Path, workers, env: dict) -> Step:
     step = Step("self-check")
     report = out / "selfcheck.json"
     log = out / "selfcheck.log"
-    # -j as the validate step takes it (0: one process; unset or auto: validate's GPU default)
-    jobs = max(1, workers if isinstance(workers, int) else min(GPU_WORKERS, os.cpu_count() or 1))
-    # mutant runs stop at their first failure: mostly start-up (a CUDA context each), so several
-    # at once; the contract's full run gets the validate step's workers
-    parallel = max(1, min(6, (os.cpu_count() or 2) // 2))
+    # -j as the validate step takes it (0: one process; unset or auto: validate's GPU default),
+    # shared by the correct implementations' runs, which run at once: on one H200 (2026-12-05)
+    # each took 45 s with 8 workers, one after the other, the machine 40-85% busy
+    cores = os.cpu_count() or 1
+    jobs = max(1, workers if isinstance(workers, int) else min(GPU_WORKERS, cores))
+    together = len(GPU_CHECK_CORRECT) if jobs >= len(GPU_CHECK_CORRECT) else 1
+    # mutant runs stop at their first failure: mostly start-up (a CUDA context each), 3-13 s on
+    # that H200, 6 at a time kept its 16 cores 40-45% busy; so three quarters of the cores
+    parallel = max(1, min(12, cores * 3 // 4))
     cmd = [sys.executable, "-m", "dcp_a2a.testing.selfcheck", "--correct",
-           *GPU_CHECK_CORRECT, "--jobs", str(jobs),
+           *GPU_CHECK_CORRECT, "--jobs", str(max(1, jobs // together)),
+           "--correct-parallel", str(together),
            "--parallel", str(parallel), "--json", str(report),
            "--workdir", str(out / "selfcheck")]
     code = _run_step(step, "selfcheck", cmd, log, env, report)

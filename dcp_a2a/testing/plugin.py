@@ -23,6 +23,7 @@ import torch
 
 import dcp_a2a  # noqa: F401  (chooses compiled or interpreted Triton before any kernel exists)
 
+from . import poolgroup
 from .cores import THREADS_ENV, thread_share
 from .impl import (DEFAULT_SPEC, ENV_VAR, MissingFunction, load_impl,
                    missing_function_message, resolve_spec)
@@ -97,6 +98,7 @@ def pytest_configure(config):
     else:
         spec = os.environ[ENV_VAR]
         share_cores(int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+    poolgroup.configure(config)
     # workers (xdist, the rank pools) inherit the choice through the environment
     os.environ[ENV_VAR] = spec
 
@@ -129,14 +131,22 @@ def _suite_rank(item) -> int:
     return len(_SUITE_ORDER)
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the group marks
 def pytest_collection_modifyitems(config, items):
     """Order the conformance suite (see _SUITE_ORDER; a stable sort, other tests after it).
     Tests on the pool of ranks share one worker under ``--dist loadgroup``: one pool of 8 ranks
-    instead of one per xdist worker (on a GPU machine each rank holds a CUDA context)."""
+    instead of one per xdist worker (on a GPU machine each rank holds a CUDA context); see
+    :mod:`.poolgroup` for why the mark alone no longer does it."""
     items.sort(key=_suite_rank)
-    for item in items:
-        if "rank_pool" in getattr(item, "fixturenames", ()):
-            item.add_marker(pytest.mark.xdist_group("rank_pool"))
+    pooled = [item for item in items if "rank_pool" in getattr(item, "fixturenames", ())]
+    for item in pooled:
+        item.add_marker(pytest.mark.xdist_group(poolgroup.GROUP))
+    poolgroup.record(config, pooled)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    return poolgroup.make_scheduler(config, log)
 
 
 def _impl_under_test():

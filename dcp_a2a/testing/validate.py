@@ -57,8 +57,9 @@ OTHER_CODE = "other code: tests dcp_a2a's own code, not the implementation under
 PACKAGE_PARENT = Path(__file__).resolve().parents[2]  # the directory holding dcp_a2a/
 REPO_ROOT = PACKAGE_PARENT                             # ... which is the checkout, if any
 GSM8K_ENV = "DCP_A2A_GSM8K_DIR"
-GPU_WORKERS = 8  # xdist workers on a CUDA machine: each holds a CUDA context (and, for the
-                 # multi-process tests, a pool of GPU ranks); more buy nothing but memory
+GPU_WORKERS = 16  # xdist workers on a CUDA machine (at most one a core): each holds a CUDA
+# context. Compiling Triton kernels keeps a worker's core busy: with 8 workers on one H200's 16
+# cores (2026-12-05) the machine sat at 50% CPU through validate, every worker busy to the end
 
 
 @dataclass(frozen=True)

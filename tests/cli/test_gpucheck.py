@@ -39,7 +39,12 @@ def test_selfcheck_step_names_survivors_and_the_contract(monkeypatch, tmp_path):
     # the project's own implementation is judged by the validate step; the contract here
     i = cmd.index("--correct")
     assert cmd[i + 1:i + 3] == ["dcp_a2a.reference.contract", "dcp_a2a.testing.freedoms"]
-    assert cmd[cmd.index("--jobs") + 1] == "4"
+    # the two correct runs at once, sharing -j 4; -j 1 leaves them one after the other
+    assert (cmd[cmd.index("--jobs") + 1], cmd[cmd.index("--correct-parallel") + 1]) == ("2", "2")
+    seen.clear()
+    gpucheck.selfcheck_step(tmp_path, 1, {})
+    assert (seen[0][seen[0].index("--jobs") + 1],
+            seen[0][seen[0].index("--correct-parallel") + 1]) == ("1", "1")
 
 
 def test_a_skipped_step_never_reads_as_a_full_pass():

@@ -75,6 +75,22 @@ def test_selfcheck_fails_when_a_mutant_survives(tmp_path):
     assert "PROBLEM dcp_a2a.reference.contract: SURVIVED" in proc.stdout
 
 
+def test_correct_runs_at_once_are_judged_each_on_its_own(tmp_path):
+    """--correct-parallel 2 (as gpu-check runs its two correct implementations): two runs at
+    the same time, each judged on its own records; a broken one given as correct fails beside
+    one that passes."""
+    proc, report = _selfcheck(
+        tmp_path, "--correct", "dcp_a2a.reference.contract",
+        "dcp_a2a.testing.mutants.lse_halves_swapped", "--no-mutants", "--correct-parallel", "2",
+        "--jobs", "1", "--paths", "dcp_a2a/testing/conformance/test_wire_format.py",
+        timeout=600)
+    assert report is not None, proc.stdout + proc.stderr
+    verdicts = {r["spec"]: r["verdict"] for r in report["runs"]}
+    assert verdicts == {"dcp_a2a.reference.contract": "pass",
+                        "dcp_a2a.testing.mutants.lse_halves_swapped": "FAIL"}, proc.stdout
+    assert proc.returncode == 1 and not report["ok"]
+
+
 def test_every_mutant_killed_and_correct_implementations_pass(tmp_path):
     """Every mutant killed; the reference contract passes, and so do the implementation that
     takes every freedom the contract leaves and the one written from scratch (a test that fails
