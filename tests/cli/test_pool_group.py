@@ -80,4 +80,3 @@ def test_the_pool_tests_share_one_worker_and_start_first(tmp_path):
     assert set(ran) == {"gw0", "gw1"}, ran  # the rest was spread
     first = ran[holders[0]][:4]
     assert all(t.startswith("test_on_the_pool") for t in first), ran
-    assert not os.environ.get("DCP_A2A_POOL_GROUP_DIR")  # nothing leaked into this process
