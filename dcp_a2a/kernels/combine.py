@@ -20,6 +20,7 @@ import triton
 import triton.language as tl
 
 from ._host import as_words, bits, cached_plan, needs_int64
+from .launch import launch
 from .tuning import combine_launch, scale_launch
 from .merge_math import (
     NO_CONTRACTION,
@@ -238,7 +239,7 @@ def _combine(data, lse, N, B, hpr, D, lse_lanes, return_lse, is_lse_base_on_e):
     grid, args, kw, out, lse_out = combine_launch_args(
         data, lse, N, B, hpr, D, lse_lanes, return_lse, is_lse_base_on_e)
     if B and hpr:
-        combine_rows[grid](*args, **kw)
+        launch(combine_rows, grid, *args, **kw)
     return (out, lse_out) if return_lse else out
 
 
@@ -271,9 +272,9 @@ def scale_for_reduce_scatter(out, lse_all, rank, return_lse, is_lse_base_on_e, d
     if B == 0 or H == 0:
         return lse_out
     cfg = scale_launch(N, B, H, D)
-    _scale_kernel[cfg.grid(B, H)](
-        out, bits(out), lse_all.contiguous(), dst, bits(dst), lse_out,
-        B, H, hpr, D, rank,
+    launch(
+        _scale_kernel, cfg.grid(B, H),
+        out, bits(out), lse_all.contiguous(), dst, bits(dst), lse_out, B, H, hpr, D, rank,
         out.stride(0), out.stride(1), out.stride(2),
         N=N, BASE_E=is_lse_base_on_e, RETURN_LSE=return_lse, IS_BF16=out.dtype == torch.bfloat16,
         BLOCK_B=cfg.block_b, BLOCK_H=cfg.block_h, BLOCK_D=cfg.block_d,

@@ -34,6 +34,7 @@ import triton.language as tl
 
 from ._host import (as_words, bits, cached_plan, needs_int64, next_pow2, prev_pow2,
                     search_steps)
+from .launch import launch
 from .merge_math import program_rows, row_is_empty
 from .tuning import pack_launch
 
@@ -319,8 +320,8 @@ def pack(out, lse, send, h_per_rank, seq_lens=None, query_start_loc=None) -> Non
         return
     grid, kw = cached_plan(_PLANS, cfg, ("row", B, H, h_per_rank, lanes, lanes_p, has_mask, wide),
                            lambda: _row_plan(cfg, B, H, lanes, lanes_p, has_mask, wide))
-    _pack_kernel[grid](src, lse, dst, sl, qsl, B, H, h_per_rank, lanes, num_seqs, steps,
-                       *src.stride(), *lse.stride(), **kw)
+    launch(_pack_kernel, grid, src, lse, dst, sl, qsl, B, H, h_per_rank, lanes, num_seqs, steps,
+           *src.stride(), *lse.stride(), **kw)
 
 
 def _launch_slab(src, lse, dst, sl, qsl, num_seqs, steps, has_mask, hpr, words, cfg, wide):
@@ -328,8 +329,8 @@ def _launch_slab(src, lse, dst, sl, qsl, num_seqs, steps, has_mask, hpr, words, 
     grid, kw = cached_plan(_PLANS, cfg, ("slab", B, H, hpr, words, has_mask, wide),
                            lambda: _slab_plan(cfg, B, H, words, has_mask, wide))
     s_ob, s_oh, _ = src.stride()
-    _pack_slab_kernel[grid](src, lse, dst, sl, qsl, B, hpr // 4, num_seqs, steps,
-                            s_ob // 4, s_oh // 4, *lse.stride(), **kw)
+    launch(_pack_slab_kernel, grid, src, lse, dst, sl, qsl, B, hpr // 4, num_seqs, steps,
+           s_ob // 4, s_oh // 4, *lse.stride(), **kw)
 
 
 def lse_to_wire(lse, dst, world_size, seq_lens=None, query_start_loc=None) -> None:
@@ -346,7 +347,8 @@ def lse_to_wire(lse, dst, world_size, seq_lens=None, query_start_loc=None) -> No
     sl, qsl, num_seqs, steps, has_mask = mask_args(seq_lens, query_start_loc, lse)
     block_h = min(next_pow2(H), 1024)
     block_b = min(next_pow2(B), 1024 // block_h) if _env.INTERPRET else 1
-    _lse_to_wire_kernel[(triton.cdiv(B, block_b), triton.cdiv(H, block_h))](
+    launch(
+        _lse_to_wire_kernel, (triton.cdiv(B, block_b), triton.cdiv(H, block_h)),
         lse, dst, sl, qsl, B, H, hpr, num_seqs, steps,
         lse.stride(0), lse.stride(1), s_dr, s_db, s_dj,
         HAS_MASK=has_mask, BLOCK_B=block_b, BLOCK_H=block_h,

@@ -1,0 +1,118 @@
+"""Launching a compiled kernel without Triton's Python dispatch (issue 47: eager host time).
+
+``kernel[grid](*args, **kw)`` binds the arguments, derives their specialisation, looks the
+compiled kernel up in its cache and then launches it. On one H200 (2026-12-05, 1000 eager
+calls) that dispatch made an empty kernel with the pack's arguments cost 29.3 us a call, where
+the pack's compiled launcher called straight took 8.7 us.
+
+``Launches(kernel)`` keeps, per problem, the compiled kernels it has launched, keyed by what
+decides Triton's specialisation of these arguments: each tensor's dtype and address modulo 16,
+each other argument's value, the constexpr keywords, the current device. A new key goes through
+``kernel[grid]`` (which compiles or finds the kernel, and launches it); a known one calls the
+compiled kernel's launcher as ``JITFunction.run`` does, on the current stream, with the same
+launch hooks. So the bits are those of Triton's own launch (the same compiled kernel, the same
+arguments), and a CUDA graph captures the same launch.
+
+Every launch goes through Triton under the interpreter, where the installed Triton's compiled
+kernel lacks what this calls (another version), while the kernel has pre-run hooks, and after
+``DCP_A2A_TRITON_DISPATCH=1``. Changing Triton's knobs (debug, instrumentation) between calls is
+not seen: a kernel already launched keeps the options it was compiled with.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+
+import torch
+
+from .. import _env
+
+DISPATCH_ENV = "DCP_A2A_TRITON_DISPATCH"  # "1": every launch through kernel[grid]
+_LAUNCHER_PARTS = ("run", "function", "packed_metadata", "launch_metadata")
+MAX_KEYS = 4096  # compiled launches kept a kernel (then it starts again)
+
+
+def direct_enabled() -> bool:
+    return not _env.INTERPRET and os.environ.get(DISPATCH_ENV, "") != "1"
+
+
+_ALL: dict = {}
+
+
+def _runtime():
+    """(Triton's active driver, Triton's knobs): what ``JITFunction.run`` launches with."""
+    from triton import knobs
+    from triton.runtime.driver import driver
+
+    return driver.active, knobs
+
+
+def launch(kernel, grid, *args, **kw):
+    """``kernel[grid](*args, **kw)``, through the kernel's :class:`Launches`."""
+    launches = _ALL.get(kernel)
+    if launches is None:
+        launches = _ALL[kernel] = Launches(kernel)
+    return launches(grid, *args, **kw)
+
+
+class Launches:
+    """Launches of one ``@triton.jit`` kernel; see the module's docstring. Anything else (a
+    stand-in a test put in the kernel's place) is called through ``kernel[grid]``."""
+
+    def __init__(self, kernel):
+        self.kernel = kernel
+        self.cache: dict = {}
+        self.tails: dict = {}  # keyword names -> the parameters after the positional args
+        self.usable = direct_enabled() and callable(getattr(kernel, "fn", None))
+        self.direct = 0  # launches that skipped Triton's dispatch (tests read it)
+        self.runtime = None
+
+    def __call__(self, grid, *args, **kw):
+        if not self.usable or callable(grid) or getattr(self.kernel, "pre_run_hooks", None):
+            return self.kernel[grid](*args, **kw)
+        if self.runtime is None:
+            self.runtime = _runtime()
+        driver, knobs = self.runtime
+        device = driver.get_current_device()
+        key = (device, tuple(kw.items()), *[
+            (a.dtype, a.data_ptr() & 15) if isinstance(a, torch.Tensor) else a for a in args])
+        hit = self.cache.get(key)
+        if hit is None:
+            return self._first(key, grid, args, kw)
+        compiled, tail = hit
+        stream = driver.get_current_stream(device)
+        full = (*args, *tail)
+        g = (*grid, 1, 1)
+        compiled.run(g[0], g[1], g[2], stream, compiled.function, compiled.packed_metadata,
+                     compiled.launch_metadata(grid, stream, *full),
+                     knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook, *full)
+        self.direct += 1
+        return compiled
+
+    def _first(self, key, grid, args, kw):
+        """Through Triton (compiling or finding the kernel); keep what it launched."""
+        compiled = self.kernel[grid](*args, **kw)
+        tail = self._tail(args, kw)
+        if tail is None or not all(hasattr(compiled, part) for part in _LAUNCHER_PARTS):
+            self.usable = False  # another Triton, or arguments we cannot order: its dispatch
+            return compiled
+        if len(self.cache) >= MAX_KEYS:
+            self.cache.clear()
+        self.cache[key] = (compiled, tail)
+        return compiled
+
+    def _tail(self, args, kw):
+        """The values of the kernel's parameters after the positional ``args``, in its order
+        (a keyword's, else the default): what ``JITFunction.run`` hands the launcher after
+        them. Keywords that are no parameter are launch options (warps, fp fusion). None where
+        a parameter has neither."""
+        params = inspect.signature(self.kernel.fn).parameters
+        names = self.tails.get(tuple(kw))
+        if names is None:
+            later = list(params.values())[len(args):]
+            if len(args) > len(params) or any(p.name not in kw and p.default is p.empty
+                                              for p in later):
+                return None
+            names = self.tails[tuple(kw)] = tuple(p.name for p in later)
+        return tuple(kw[n] if n in kw else params[n].default for n in names)

@@ -1,0 +1,87 @@
+"""GPU tier: launches through a compiled kernel's launcher (dcp_a2a.kernels.launch) give the
+bits of Triton's own dispatch, follow a change of address alignment, and replay under a CUDA
+graph; and they are used at all (a Triton whose internals differ falls back silently, so the
+count says whether the fast path still runs)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import dcp_a2a
+from dcp_a2a.kernels import launch as direct
+from dcp_a2a.testing.data import bits_view, partials
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+DEV = torch.device("cuda")
+
+
+def _ops(dtype, b=5, n=4, hpr=3, d=72, offset=0):
+    """pack_send then unpack_combine of one rank's partial (the group of one's round trip at
+    N ranks' wire layout); ``offset`` elements shift out's address off 16-byte alignment."""
+    outs, lses = partials(n, b, n * hpr, d, dtype, seed=3)
+    flat = torch.empty(offset + outs[0].numel(), dtype=dtype, device=DEV)
+    out = flat[offset:].view(b, n * hpr, d)
+    out.copy_(outs[0].to(DEV))
+    lse = lses[0].to(DEV)
+    p = dcp_a2a.lse_pack_dim(dtype)
+    send = torch.full((n, b, hpr, d + p), float("nan"), dtype=dtype, device=DEV)
+
+    def run():
+        dcp_a2a.pack_send(out, lse, send, n, hpr, d, p)
+        return (send.clone(),) + dcp_a2a.unpack_combine(send, d, p, True, True)
+    return run
+
+
+def _through_triton(run):
+    saved = {k: v.usable for k, v in direct._ALL.items()}
+    for v in direct._ALL.values():
+        v.usable = False
+    try:
+        return run()
+    finally:
+        for k, v in direct._ALL.items():
+            v.usable = saved.get(k, v.usable)
+
+
+def _same(a, b):
+    return all(torch.equal(bits_view(x), bits_view(y)) for x, y in zip(a, b))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("offset", [0, 1], ids=["aligned", "off_16_bytes"])
+def test_direct_launches_give_triton_dispatch_bits(dtype, offset):
+    run = _ops(dtype, offset=offset)
+    first = run()  # new keys: through Triton, kept
+    before = sum(v.direct for v in direct._ALL.values())
+    second = run()
+    used = sum(v.direct for v in direct._ALL.values()) - before
+    assert used >= 2, f"pack and combine did not launch directly ({used} direct launches)"
+    assert _same(first, second) and _same(second, _through_triton(run))
+
+
+def test_alignment_is_part_of_the_key():
+    """A buffer at an address off 16 bytes after an aligned one of the same shape: Triton
+    compiles another specialisation (no alignment hint), and so must the direct path not reuse
+    the aligned one: results equal Triton's dispatch on the same inputs."""
+    aligned, shifted = _ops(torch.bfloat16, b=7), _ops(torch.bfloat16, b=7, offset=1)
+    aligned(), aligned()
+    got = shifted()
+    assert _same(got, _through_triton(shifted))
+
+
+def test_direct_launches_replay_under_a_cuda_graph():
+    run = _ops(torch.bfloat16, b=9)
+    want = run()
+    run()  # direct from here
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        res = run()
+    for t in res:
+        t.fill_(0)
+    g.replay()
+    torch.cuda.synchronize()
+    assert _same(res, want)
