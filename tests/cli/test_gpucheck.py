@@ -131,3 +131,32 @@ def test_accuracy_step_runs_every_case_of_the_job(monkeypatch, tmp_path):
     assert (args.warmup, args.iters) == (1, 2)
     for name in ("shapes", "dtype", "backend", "base", "impl", "seed", "spread"):
         assert getattr(args, name) == getattr(defaults, name), name
+
+
+def test_selfcheck_and_accuracy_overlap_the_bench_runs_alone():
+    """The schedule: validate, then the self-check and the accuracy job at the same time, then
+    the bench alone (it times kernels); a skipped step is not run and reads as skipped."""
+    import threading
+    import time
+
+    spans, started = {}, threading.Barrier(2, timeout=10)
+
+    def step(name, meet=False):
+        def run():
+            t0 = time.monotonic()
+            if meet:
+                started.wait()  # both running at once, or this times out
+            time.sleep(0.05)
+            spans[name] = (t0, time.monotonic())
+            return gpucheck.Step(name, "passed")
+        return run
+    run = {"validate": step("validate"), "selfcheck": step("selfcheck", True),
+           "accuracy": step("accuracy", True), "bench": step("bench")}
+    done = gpucheck.run_schedule(run, set())
+    assert [done[n].status for n in gpucheck.STEPS] == ["passed"] * 4
+    assert spans["validate"][1] <= min(spans["selfcheck"][0], spans["accuracy"][0])
+    assert spans["bench"][0] >= max(spans["selfcheck"][1], spans["accuracy"][1])
+    spans.clear()
+    run["selfcheck"] = step("selfcheck")
+    done = gpucheck.run_schedule(run, {"accuracy"})  # the self-check then runs alone
+    assert done["accuracy"].status == "skipped" and "accuracy" not in spans
