@@ -65,30 +65,33 @@ def _run(cmd: list[str], log: Path, env: dict, timeout_s: float | None = None
         proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env,
                                 start_new_session=True)
         _LIVE.add(proc)
-
-        def stop(first):
-            for sig in (first, signal.SIGTERM, signal.SIGKILL):
-                try:
-                    os.killpg(proc.pid, sig)
-                    proc.wait(10)
-                    return
-                except ProcessLookupError:
-                    return
-                except subprocess.TimeoutExpired:
-                    continue
-
         try:
             code = proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            stop(signal.SIGTERM)
+            _stop(proc, signal.SIGTERM)
             fh.write(f"\ngpu-check: killed after {timeout_s:.0f} s (a hang)\n")
             code = TIMED_OUT
         except KeyboardInterrupt:  # its own session sees no Ctrl-C: pass it on, then stop
-            stop(signal.SIGINT)
+            _stop(proc, signal.SIGINT)
             raise
         finally:
             _LIVE.discard(proc)
     return code, time.monotonic() - t0
+
+
+def _stop(proc, first) -> None:
+    """End a step's session: ``first``, then SIGTERM, then SIGKILL, 10 s apart."""
+    import signal
+
+    for sig in (first, signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+            proc.wait(10)
+            return
+        except ProcessLookupError:
+            return
+        except subprocess.TimeoutExpired:
+            continue
 
 
 def _stop_live() -> None:
@@ -96,15 +99,7 @@ def _stop_live() -> None:
     import signal
 
     for proc in list(_LIVE):
-        for sig in (signal.SIGINT, signal.SIGKILL):
-            try:
-                os.killpg(proc.pid, sig)
-                proc.wait(10)
-                break
-            except ProcessLookupError:
-                break
-            except subprocess.TimeoutExpired:
-                continue
+        _stop(proc, signal.SIGINT)
 
 
 def _run_step(step: Step, key: str, cmd: list[str], log: Path, env: dict, report: Path

@@ -60,35 +60,28 @@ def test_a_selfcheck_that_checks_nothing_is_not_a_pass(tmp_path):
         assert proc.returncode == 5 and report["runs"][0]["verdict"] == "not run", proc.stdout
 
 
-def test_selfcheck_fails_when_a_mutant_survives(tmp_path):
-    """A correct implementation judged as a mutant survives (no test fails), so the self-check
-    exits non-zero and says which one; a real mutant in the same run is killed."""
-    proc, report = _selfcheck(
-        tmp_path, "--correct", "--mutants", "dcp_a2a.reference.contract",
-        "dcp_a2a.testing.mutants.lse_halves_swapped", "--paths", "dcp_a2a/testing/conformance/test_wire_format.py",
-        timeout=600)
-    assert report is not None, proc.stdout + proc.stderr
-    verdicts = {r["spec"]: r["verdict"] for r in report["runs"]}
-    assert verdicts == {"dcp_a2a.reference.contract": "SURVIVED",
-                        "dcp_a2a.testing.mutants.lse_halves_swapped": "killed"}, proc.stdout
-    assert proc.returncode == 1 and not report["ok"]
-    assert "PROBLEM dcp_a2a.reference.contract: SURVIVED" in proc.stdout
+PAIR = ("dcp_a2a.reference.contract", "dcp_a2a.testing.mutants.lse_halves_swapped")
 
 
-def test_correct_runs_at_once_are_judged_each_on_its_own(tmp_path):
-    """--correct-parallel 2 (as gpu-check runs its two correct implementations): two runs at
-    the same time, each judged on its own records; a broken one given as correct fails beside
-    one that passes."""
+@pytest.mark.parametrize("how,verdicts", [
+    # judged as mutants: the correct one survives (the self-check fails and says which), the
+    # real mutant is killed
+    (("--correct", "--mutants", *PAIR), ("SURVIVED", "killed")),
+    # judged as correct implementations, two at once (as gpu-check runs its two): each on its
+    # own records, the broken one failing beside the one that passes
+    (("--correct", *PAIR, "--no-mutants", "--correct-parallel", "2", "--jobs", "1"),
+     ("pass", "FAIL")),
+], ids=["as_mutants", "as_correct_at_once"])
+def test_the_selfcheck_fails_on_a_wrong_verdict_and_says_which(tmp_path, how, verdicts):
     proc, report = _selfcheck(
-        tmp_path, "--correct", "dcp_a2a.reference.contract",
-        "dcp_a2a.testing.mutants.lse_halves_swapped", "--no-mutants", "--correct-parallel", "2",
-        "--jobs", "1", "--paths", "dcp_a2a/testing/conformance/test_wire_format.py",
+        tmp_path, *how, "--paths", "dcp_a2a/testing/conformance/test_wire_format.py",
         timeout=600)
     assert report is not None, proc.stdout + proc.stderr
-    verdicts = {r["spec"]: r["verdict"] for r in report["runs"]}
-    assert verdicts == {"dcp_a2a.reference.contract": "pass",
-                        "dcp_a2a.testing.mutants.lse_halves_swapped": "FAIL"}, proc.stdout
+    got = {r["spec"]: r["verdict"] for r in report["runs"]}
+    assert got == dict(zip(PAIR, verdicts)), proc.stdout
     assert proc.returncode == 1 and not report["ok"]
+    wrong = [spec for spec, v in got.items() if v in ("SURVIVED", "FAIL")]
+    assert wrong and all(f"PROBLEM {spec}: " in proc.stdout for spec in wrong)
 
 
 def test_every_mutant_killed_and_correct_implementations_pass(tmp_path):
