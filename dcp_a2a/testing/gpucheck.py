@@ -264,14 +264,18 @@ def exit_status(steps: list[Step]) -> int:
 
 
 def summary(steps: list[Step], machine: str, wall_s: float | None = None) -> str:
+    """The summary of ``steps`` (in :data:`STEPS` order); ``wall_s``: the check's wall time."""
     w = max(len(s.name) for s in steps)
     lines = [f"dcp-a2a gpu-check on {machine}", ""]
     for s in steps:
         lines.append(f"{s.name:<{w}}  {s.status.upper() if s.status != 'passed' else 'passed':<7}"
                      f" {s.wall_s:7.1f} s  {s.detail}")
-    if wall_s is not None:  # the self-check and the accuracy job overlap: not the steps' sum
-        lines.append(f"{'in all':<{w}}  {'':<7} {wall_s:7.1f} s  "
-                     f"(the self-check and the accuracy job at the same time)")
+    if wall_s is not None:  # steps of one stage overlap: not the steps' sum
+        ran = {key for key, s in zip(STEPS, steps) if s.status != "skipped"}
+        together = [" and ".join(names) for names in
+                    (tuple(n for n in stage if n in ran) for stage in SCHEDULE) if len(names) > 1]
+        lines.append(f"{'in all':<{w}}  {'':<7} {wall_s:7.1f} s"
+                     + (f"  ({'; '.join(together)} at the same time)" if together else ""))
     skipped = [s.name for s in steps if s.status == "skipped"]
     verdict = {0: "PASS", 1: "FAIL", 5: "NOTHING CHECKED"}[exit_status(steps)]
     if skipped and len(skipped) < len(steps):

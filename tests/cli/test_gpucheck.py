@@ -56,6 +56,12 @@ def test_a_skipped_step_never_reads_as_a_full_pass():
     assert gpucheck.summary(steps, "a machine").endswith(
         "gpu-check: FAIL (of the steps run; skipped: selfcheck)")
     assert gpucheck.summary(steps[:1], "m").endswith("gpu-check: PASS")
+    # the check's wall time, naming the steps that overlapped only when both ran
+    four = [gpucheck.Step(n, "passed", 1.0) for n in gpucheck.STEPS]
+    assert "in all" in gpucheck.summary(four, "m", 3.0) and \
+        "(selfcheck and accuracy at the same time)" in gpucheck.summary(four, "m", 3.0)
+    four[2].status = "skipped"
+    assert "at the same time" not in gpucheck.summary(four, "m", 3.0)
     assert [gpucheck.exit_status(x) for x in (steps[:1], steps[:2], steps)] == [0, 0, 1]
 
 

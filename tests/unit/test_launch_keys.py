@@ -117,6 +117,8 @@ def test_stand_ins_hooks_and_the_switch_go_through_triton(runtime, monkeypatch):
     direct.Launches(stand_in)((1,), torch.zeros(4), 3, 16)
     direct.Launches(stand_in)((1,), torch.zeros(4), 3, 16)
     assert len(stand_in.dispatched) == 2
+    direct.launch(stand_in, (1,), torch.zeros(4), 3, 16)  # called as it is, not kept
+    assert len(stand_in.dispatched) == 3 and stand_in not in direct._ALL
     hooked = _Kernel(_fn)
     hooked.pre_run_hooks = [print]
     launches = direct.Launches(hooked)
