@@ -20,12 +20,10 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from .recorder import _is_worker
+
 GROUP = "rank_pool"
 ENV = "DCP_A2A_POOL_GROUP_DIR"  # where the workers name the group's tests (set by the controller)
-
-
-def _is_worker(config) -> bool:
-    return hasattr(config, "workerinput")
 
 
 def _loadgroup(config) -> bool:

@@ -509,16 +509,16 @@ def main(argv=None) -> int:
     # the mutants instead, on one H100 with 16 cores, neither had finished after 245 s, against
     # ~70 s each alone: then every xdist worker still started a pool of 8 ranks of its own,
     # see .poolgroup.)
-    both = ThreadPoolExecutor(max_workers=max(1, args.correct_parallel))
+    at_once = ThreadPoolExecutor(max_workers=max(1, args.correct_parallel))
     try:
-        futures = [both.submit(run_one, spec, "correct", jobs=args.jobs,
-                               broken=broken.get(spec, ""), **common) for spec in correct]
+        futures = [at_once.submit(run_one, spec, "correct", jobs=args.jobs,
+                                  broken=broken.get(spec, ""), **common) for spec in correct]
         for fut in as_completed(futures):
             report(fut.result())
     finally:
         for proc in list(_LIVE):
             _kill_group(proc)
-        both.shutdown(wait=True, cancel_futures=True)
+        at_once.shutdown(wait=True, cancel_futures=True)
     pool = ThreadPoolExecutor(max_workers=max(1, args.parallel))
     threads = thread_share(max(1, args.parallel) * max(1, args.mutant_jobs))
     try:
