@@ -40,6 +40,11 @@ def direct_enabled() -> bool:
 _ALL: dict = {}
 
 
+def _is_jit(kernel) -> bool:
+    """A ``@triton.jit`` kernel (its Python function at ``fn``), not a test's stand-in."""
+    return callable(getattr(kernel, "fn", None))
+
+
 def _runtime():
     """(Triton's active driver, Triton's knobs): what ``JITFunction.run`` launches with."""
     from triton import knobs
@@ -53,7 +58,7 @@ def launch(kernel, grid, *args, **kw):
     test put in a kernel's place is called as it is, and not kept)."""
     launches = _ALL.get(kernel)
     if launches is None:
-        if not callable(getattr(kernel, "fn", None)):
+        if not _is_jit(kernel):
             return kernel[grid](*args, **kw)
         launches = _ALL[kernel] = Launches(kernel)
     return launches(grid, *args, **kw)
@@ -67,7 +72,7 @@ class Launches:
         self.kernel = kernel
         self.cache: dict = {}
         self.tails: dict = {}  # (positional args, keyword names) -> the parameters after them
-        self.usable = direct_enabled() and callable(getattr(kernel, "fn", None))
+        self.usable = direct_enabled() and _is_jit(kernel)
         self.direct = 0  # launches that skipped Triton's dispatch (tests read it)
         self.runtime = None
 

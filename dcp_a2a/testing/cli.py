@@ -7,7 +7,6 @@ docs/validate.md and :mod:`dcp_a2a.testing.validate` for how tiers are chosen an
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from pathlib import Path
@@ -299,6 +298,7 @@ def run_problem(result) -> str | None:
 def validate(args) -> int:
     from . import report as rep
     from . import validate as val
+    from .cores import available_cores
 
     t_start = time.monotonic()
     started = val.now_iso()
@@ -332,7 +332,7 @@ def validate(args) -> int:
     if args.workers is None:
         # a CUDA context per worker (and a pool of GPU ranks for the multi-process tests):
         # on a GPU machine a few workers, not one per core
-        gpu_cap = min(val.GPU_WORKERS, os.cpu_count() or 1)
+        gpu_cap = min(val.GPU_WORKERS, available_cores())
         args.workers = 0 if args.quick else (gpu_cap if machine["cuda_device_count"] else "auto")
     runs = val.plan_runs(plans, args.workers if machine["modules"]["xdist"] else None)
     if args.no_slow:

@@ -157,6 +157,7 @@ def validate_step(out: Path, workers, env: dict) -> Step:
 
 
 def selfcheck_step(out: Path, workers, env: dict) -> Step:
+    from .cores import available_cores
     from .selfcheck import GPU_CHECK_CORRECT
     from .validate import GPU_WORKERS
 
@@ -166,7 +167,7 @@ def selfcheck_step(out: Path, workers, env: dict) -> Step:
     # -j as the validate step takes it (0: one process; unset or auto: validate's GPU default),
     # shared by the correct implementations' runs, which run at once: on one H200 (2026-12-05)
     # each took 45 s with 8 workers, one after the other, the machine 40-85% busy
-    cores = os.cpu_count() or 1
+    cores = available_cores()
     jobs = max(1, workers if isinstance(workers, int) else min(GPU_WORKERS, cores))
     together = len(GPU_CHECK_CORRECT) if jobs >= len(GPU_CHECK_CORRECT) else 1
     # mutant runs stop at their first failure: mostly start-up (a CUDA context each), 3-13 s on

@@ -37,8 +37,8 @@ from pathlib import Path
 
 GIB = 1 << 30
 # What the shares may add up to: the card less what is not asked for. That is the CUDA
-# contexts of the workers and of the pools' ranks (~0.5 GiB each, 8 + 8 on a GPU machine) and
-# the tests too small to ask.
+# contexts of the workers and of the pool's ranks (~0.5 GiB each: up to 16 workers and 8 ranks
+# on a GPU machine) and the tests too small to ask.
 BUDGET_FRACTION = 0.75
 POLL_S = 0.25
 WAIT_LIMIT_S = 900.0  # then run anyway: an out-of-memory error names itself, a hang does not
