@@ -40,10 +40,15 @@ def search_steps(num_seqs: int) -> int:
 
 
 def needs_int64(*tensors: torch.Tensor) -> bool:
-    """Whether an element offset into any of these tensors' storage can reach 2^31 (the kernels
-    then index in int64; int32 otherwise)."""
-    for t in tensors:  # a loop, not any(<generator>): this runs on every launch
-        if t.untyped_storage().nbytes() >= t.element_size() << 31:
+    """Whether an element offset from any of these tensors' first element can reach 2^31 (the
+    kernels then index in int64; int32 otherwise). Shapes and strides decide it, not the
+    storage: the kernels index from each tensor's own address, and a verdict that depends on
+    nothing else can be kept per problem (``dcp_a2a.ops``)."""
+    for t in tensors:  # loops, not any(<generator>): this runs on every first call
+        reach = 1
+        for n, st in zip(t.shape, t.stride()):
+            reach += (n - 1) * st
+        if reach >= 1 << 31:
             return True
     return False
 

@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 
 from ._host import as_words, bits, cached_plan, needs_int64
-from .launch import launch
+from .launch import bind, launch
 from .tuning import combine_launch, scale_launch
 from .merge_math import (
     NO_CONTRACTION,
@@ -235,28 +235,37 @@ def combine_launch_args(data, lse, N, B, hpr, D, lse_lanes, return_lse, is_lse_b
     return grid, args, kw, out, lse_out
 
 
-def _combine(data, lse, N, B, hpr, D, lse_lanes, return_lse, is_lse_base_on_e):
+def _combine(data, lse, N, B, hpr, D, lse_lanes, return_lse, is_lse_base_on_e,
+             with_site=False):
+    """(the merged result, the launch's Site or None); see combine_launch_args."""
     grid, args, kw, out, lse_out = combine_launch_args(
         data, lse, N, B, hpr, D, lse_lanes, return_lse, is_lse_base_on_e)
+    site = None
     if B and hpr:
-        launch(combine_rows, grid, *args, **kw)
-    return (out, lse_out) if return_lse else out
+        if with_site:
+            site = bind(combine_rows, grid, *args, **kw)
+        else:
+            launch(combine_rows, grid, *args, **kw)
+    return ((out, lse_out) if return_lse else out), site
 
 
-def combine_packed(recv, head_dim, return_lse, is_lse_base_on_e):
+def combine_packed(recv, head_dim, return_lse, is_lse_base_on_e, with_site=False):
     """Merge the wire buffer ``recv[N, B, H/N, D+P]`` into ``out[B, H/N, D]`` in recv's dtype
     (and the float32 merged ``lse[B, H/N]`` with ``return_lse``). The kernel reads the whole
-    rows (the same pointer and strides as their first D lanes, without a slice per call)."""
+    rows (the same pointer and strides as their first D lanes, without a slice per call).
+    ``with_site``: also return the launch's Site (addresses: recv, recv, the LSE out or out,
+    out, out, the LSE out or out), for a caller that repeats the problem."""
     N, B, hpr, lanes = recv.shape
-    return _combine(recv, None, N, B, hpr, head_dim, lanes - head_dim,
-                    return_lse, is_lse_base_on_e)
+    res, site = _combine(recv, None, N, B, hpr, head_dim, lanes - head_dim,
+                         return_lse, is_lse_base_on_e, with_site)
+    return (res, site) if with_site else res
 
 
 def combine_separate(data, lse, return_lse, is_lse_base_on_e):
     """Merge ``data[N, B, H/N, D]`` with fp32 ``lse[N, B, H/N]`` (two-collective layout):
     the same kernel and arithmetic as :func:`combine_packed`; only the LSE's location differs."""
     N, B, hpr, D = data.shape
-    return _combine(data, lse, N, B, hpr, D, 0, return_lse, is_lse_base_on_e)
+    return _combine(data, lse, N, B, hpr, D, 0, return_lse, is_lse_base_on_e)[0]
 
 
 def scale_for_reduce_scatter(out, lse_all, rank, return_lse, is_lse_base_on_e, dst):

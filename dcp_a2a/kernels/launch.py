@@ -13,6 +13,12 @@ compiled kernel's launcher as ``JITFunction.run`` does, on the current stream, w
 launch hooks. So the bits are those of Triton's own launch (the same compiled kernel, the same
 arguments), and a CUDA graph captures the same launch.
 
+``bind`` goes one step further for a caller that has checked a problem once (``dcp_a2a.ops``):
+it launches like ``launch`` and returns a :class:`Site`, the compiled kernel with every argument
+but the leading tensors' addresses fixed, which later calls of the same problem (same dtypes,
+strides, values and address alignment: the caller's key) launch with integer addresses, as
+Triton's launcher accepts them.
+
 Every launch goes through Triton under the interpreter, where the installed Triton's compiled
 kernel lacks what this calls (another version), while the kernel has pre-run hooks, and after
 ``DCP_A2A_TRITON_DISPATCH=1``. Changing Triton's knobs (debug, instrumentation) between calls is
@@ -23,6 +29,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import sys
 
 import torch
 
@@ -125,3 +132,62 @@ class Launches:
                 return None
             names = self.tails[layout] = tuple(p.name for p in later)
         return tuple(kw[n] if n in kw else params[n].default for n in names)
+
+
+def bind(kernel, grid, *args, **kw):
+    """``launch(kernel, grid, *args, **kw)``, and a :class:`Site` that repeats that very launch
+    with other addresses; None where launches go through Triton (the interpreter, a stand-in,
+    hooks, another Triton) or the tensors are not the leading arguments."""
+    compiled = launch(kernel, grid, *args, **kw)
+    launches = _ALL.get(kernel)
+    if launches is None or not launches.usable or callable(grid) or compiled is None:
+        return None
+    n = 0
+    while n < len(args) and isinstance(args[n], torch.Tensor):
+        n += 1
+    if any(isinstance(a, torch.Tensor) for a in args[n:]):
+        return None
+    tail = launches._tail(args, kw)
+    if tail is None or not all(hasattr(compiled, part) for part in _LAUNCHER_PARTS):
+        return None
+    return Site(launches, compiled, grid, n, (*args[n:], *tail))
+
+
+class Site:
+    """One launch of one problem, every argument fixed but the addresses of the ``n`` leading
+    tensors: ``site(*addresses)`` launches the compiled kernel on the current stream with them
+    (integers), counted in its :class:`Launches`' ``direct``. It returns False without
+    launching where it must not: the kernel's module now holds another object under its name
+    (a test's stand-in), its launches go through Triton now, the current device is not the
+    one it was made on, or a launch hook is set (hooks see tensors): the caller then launches
+    through :func:`launch`. The caller guarantees the rest: the same problem (dtypes, strides,
+    values), and addresses of the same alignment modulo 16 as the tensors it was made with."""
+
+    __slots__ = ("launches", "kernel", "module", "name", "run", "function", "metadata", "grid",
+                 "n", "rest", "device", "driver", "hooks")
+
+    def __init__(self, launches, compiled, grid, n, rest):
+        self.launches, self.kernel = launches, launches.kernel
+        fn = self.kernel.fn
+        self.module, self.name = sys.modules.get(fn.__module__), fn.__name__
+        self.run, self.function = compiled.run, compiled.function
+        self.metadata = compiled.packed_metadata
+        self.grid = (*grid, 1, 1)[:3]
+        self.n, self.rest = n, rest
+        driver, knobs = launches.runtime or _runtime()
+        self.driver, self.hooks = driver, knobs.runtime
+        self.device = driver.get_current_device()
+
+    def __call__(self, *addresses) -> bool:
+        if getattr(self.module, self.name, None) is not self.kernel or not self.launches.usable:
+            return False
+        driver, hooks = self.driver, self.hooks
+        device = driver.get_current_device()
+        if device != self.device or hooks.launch_enter_hook is not None \
+                or hooks.launch_exit_hook is not None:
+            return False
+        g = self.grid
+        self.run(g[0], g[1], g[2], driver.get_current_stream(device), self.function,
+                 self.metadata, None, None, None, *addresses, *self.rest)
+        self.launches.direct += 1
+        return True

@@ -34,7 +34,7 @@ import triton.language as tl
 
 from ._host import (as_words, bits, cached_plan, needs_int64, next_pow2, prev_pow2,
                     search_steps)
-from .launch import launch
+from .launch import bind, launch
 from .merge_math import program_rows, row_is_empty
 from .tuning import pack_launch
 
@@ -303,34 +303,41 @@ def _slab_plan(cfg, B, H, words, has_mask, wide):
         HEAD_MAJOR=cfg.head_major, num_warps=cfg.num_warps)
 
 
-def pack(out, lse, send, h_per_rank, seq_lens=None, query_start_loc=None) -> None:
+def pack(out, lse, send, h_per_rank, seq_lens=None, query_start_loc=None, with_site=False):
     """Write ``send[N, B, H/N, D+P]`` (contiguous, out's dtype) from ``out[B, H, D]`` and
-    ``lse[B, H]``; rows that ``seq_lens``/``query_start_loc`` mark empty go out with LSE -inf."""
+    ``lse[B, H]``; rows that ``seq_lens``/``query_start_loc`` mark empty go out with LSE -inf.
+    ``with_site``: return the launch's :class:`~dcp_a2a.kernels.launch.Site` (None: nothing
+    launched, or no direct launches here), for a caller that repeats the problem; its
+    addresses are those of out, lse, send and the two index tensors (out's where there are
+    none)."""
     B, H, D = out.shape
     if B == 0 or H == 0:
-        return
+        return None
     sl, qsl, num_seqs, steps, has_mask = mask_args(seq_lens, query_start_loc, out)
     src, lanes, lanes_p, paired = lanes_of(out, send.shape[-1] - D)
     dst = send.view(torch.int32) if paired else bits(send)
     cfg = pack_launch(B, H, lanes, H // h_per_rank, slab_fits(src, lanes, lanes_p, h_per_rank))
     wide = needs_int64(src, lse, dst)
     if cfg.slab:
-        _launch_slab(src, lse, dst, sl, qsl, num_seqs, steps, has_mask, h_per_rank, lanes,
-                     cfg, wide)
-        return
+        return _launch_slab(src, lse, dst, sl, qsl, num_seqs, steps, has_mask, h_per_rank,
+                            lanes, cfg, wide, how=bind if with_site else launch)
     grid, kw = cached_plan(_PLANS, cfg, ("row", B, H, h_per_rank, lanes, lanes_p, has_mask, wide),
                            lambda: _row_plan(cfg, B, H, lanes, lanes_p, has_mask, wide))
-    launch(_pack_kernel, grid, src, lse, dst, sl, qsl, B, H, h_per_rank, lanes, num_seqs, steps,
-           *src.stride(), *lse.stride(), **kw)
+    site = (bind if with_site else launch)(
+        _pack_kernel, grid, src, lse, dst, sl, qsl, B, H, h_per_rank, lanes, num_seqs, steps,
+        *src.stride(), *lse.stride(), **kw)
+    return site if with_site else None
 
 
-def _launch_slab(src, lse, dst, sl, qsl, num_seqs, steps, has_mask, hpr, words, cfg, wide):
+def _launch_slab(src, lse, dst, sl, qsl, num_seqs, steps, has_mask, hpr, words, cfg, wide,
+                 how=launch):
     B, H = lse.shape
     grid, kw = cached_plan(_PLANS, cfg, ("slab", B, H, hpr, words, has_mask, wide),
                            lambda: _slab_plan(cfg, B, H, words, has_mask, wide))
     s_ob, s_oh, _ = src.stride()
-    launch(_pack_slab_kernel, grid, src, lse, dst, sl, qsl, B, hpr // 4, num_seqs, steps,
-           s_ob // 4, s_oh // 4, *lse.stride(), **kw)
+    site = how(_pack_slab_kernel, grid, src, lse, dst, sl, qsl, B, hpr // 4, num_seqs, steps,
+               s_ob // 4, s_oh // 4, *lse.stride(), **kw)
+    return site if how is bind else None
 
 
 def lse_to_wire(lse, dst, world_size, seq_lens=None, query_start_loc=None) -> None:

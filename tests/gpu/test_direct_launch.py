@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import dcp_a2a
+from dcp_a2a import ops
 from dcp_a2a.kernels import launch as direct
 from dcp_a2a.testing.data import bits_view, partials
 
@@ -19,9 +20,10 @@ pytestmark = [
 DEV = torch.device("cuda")
 
 
-def _ops(dtype, b=5, n=4, hpr=3, d=72, offset=0):
+def _ops(dtype, b=5, n=4, hpr=3, d=72, offset=0, mask=False):
     """pack_send then unpack_combine of one rank's partial (the group of one's round trip at
-    N ranks' wire layout); ``offset`` elements shift out's address off 16-byte alignment."""
+    N ranks' wire layout); ``offset`` elements shift out's address off 16-byte alignment;
+    ``mask``: every other request has no local KV (seq_lens and query_start_loc given)."""
     outs, lses = partials(n, b, n * hpr, d, dtype, seed=3)
     flat = torch.empty(offset + outs[0].numel(), dtype=dtype, device=DEV)
     out = flat[offset:].view(b, n * hpr, d)
@@ -30,8 +32,14 @@ def _ops(dtype, b=5, n=4, hpr=3, d=72, offset=0):
     p = dcp_a2a.lse_pack_dim(dtype)
     send = torch.full((n, b, hpr, d + p), float("nan"), dtype=dtype, device=DEV)
 
+    idx = {}
+    if mask:
+        idx = dict(seq_lens=torch.tensor([7 * (i % 2) for i in range(b)], dtype=torch.int32,
+                                         device=DEV),
+                   query_start_loc=torch.arange(b + 1, dtype=torch.int32, device=DEV))
+
     def run():
-        dcp_a2a.pack_send(out, lse, send, n, hpr, d, p)
+        dcp_a2a.pack_send(out, lse, send, n, hpr, d, p, **idx)
         return (send.clone(),) + dcp_a2a.unpack_combine(send, d, p, True, True)
     return run
 
@@ -52,9 +60,10 @@ def _same(a, b):
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
-@pytest.mark.parametrize("offset", [0, 1], ids=["aligned", "off_16_bytes"])
-def test_direct_launches_give_triton_dispatch_bits(dtype, offset):
-    run = _ops(dtype, offset=offset)
+@pytest.mark.parametrize("offset,mask", [(0, False), (1, False), (0, True)],
+                         ids=["aligned", "off_16_bytes", "masked"])
+def test_direct_launches_give_triton_dispatch_bits(dtype, offset, mask):
+    run = _ops(dtype, offset=offset, mask=mask)
     first = run()  # new keys: through Triton, kept
     before = sum(v.direct for v in direct._ALL.values())
     second = run()
@@ -85,3 +94,18 @@ def test_direct_launches_replay_under_a_cuda_graph():
     g.replay()
     torch.cuda.synchronize()
     assert _same(res, want)
+
+
+@pytest.mark.parametrize("mask", [False, True], ids=["unmasked", "masked"])
+def test_a_kept_problem_launches_through_its_site(mask):
+    """The ops keep a checked problem (dcp_a2a.ops): from its second call on, pack_send and
+    unpack_combine each launch through the kept Site, none through Triton's dispatch."""
+    ops.forget_calls()
+    run = _ops(torch.bfloat16, b=6, mask=mask)
+    want = run()
+    sites = [k.site for k in (*ops._PACK_CALLS.values(), *ops._UNPACK_CALLS.values())]
+    assert len(sites) == 2 and all(s is not None for s in sites), sites
+    before = sum(v.direct for v in direct._ALL.values())
+    got = run()
+    assert sum(v.direct for v in direct._ALL.values()) - before == 2
+    assert _same(got, want)

@@ -31,9 +31,9 @@ def slab(monkeypatch):
     ran = []
     launch = pack_mod._launch_slab
 
-    def spy(*args):
+    def spy(*args, **kw):
         ran.append(args[-2].block_h)  # (..., cfg, wide)
-        return launch(*args)
+        return launch(*args, **kw)
 
     monkeypatch.setattr(pack_mod, "_launch_slab", spy)
 

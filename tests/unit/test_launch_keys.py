@@ -5,6 +5,7 @@ Triton's specialisation is part of the key; anything it cannot order goes throug
 
 from __future__ import annotations
 
+import sys
 from types import SimpleNamespace
 
 import pytest
@@ -129,3 +130,46 @@ def test_stand_ins_hooks_and_the_switch_go_through_triton(runtime, monkeypatch):
     monkeypatch.setenv(direct.DISPATCH_ENV, "1")
     monkeypatch.setattr(direct._env, "INTERPRET", False)
     assert not direct.direct_enabled()
+
+
+def _site_kernel(x_ptr, y_ptr, n, BLOCK=4):
+    pass
+
+
+def test_a_site_repeats_the_launch_with_integer_addresses(runtime, monkeypatch):
+    """bind launches like launch() and returns a Site; the Site passes the new addresses as
+    integers with every other argument as first given, on the current stream, and refuses
+    (False, nothing launched) where the launch must go through Triton: another current
+    device, a launch hook, a stand-in under the kernel's name, launches switched off."""
+    k = _Kernel(_site_kernel)
+    monkeypatch.setattr(sys.modules[__name__], "_site_kernel", k)
+    monkeypatch.setattr(direct, "_ALL", {})
+    x, y = torch.zeros(8), torch.zeros(8)
+    site = direct.bind(k, (3,), x, y, 5, BLOCK=8, num_warps=2)
+    assert site is not None and len(k.dispatched) == 1
+    compiled, launches = k.compiled[0], direct._ALL[k]
+    hooks = launches.runtime[1].runtime
+    assert site(0, 0) is False  # the fixture's knobs have hooks set
+    hooks.launch_enter_hook = hooks.launch_exit_hook = None
+    assert site(1024, 2048) is True
+    assert compiled.runs[-1] == (3, 1, 1, 111, "function", "metadata", None, None, None,
+                                 1024, 2048, 5, 8)
+    assert launches.direct == 1 and len(k.dispatched) == 1
+    runtime.device = 1
+    assert site(0, 0) is False
+    runtime.device = 0
+    monkeypatch.setattr(sys.modules[__name__], "_site_kernel", _Kernel(_site_kernel))
+    assert site(0, 0) is False
+    monkeypatch.setattr(sys.modules[__name__], "_site_kernel", k)
+    launches.usable = False
+    assert site(0, 0) is False
+    assert len(compiled.runs) == 1 and launches.direct == 1
+
+
+def test_no_site_where_tensors_do_not_lead(runtime, monkeypatch):
+    def late(n, x_ptr):
+        pass
+    k = _Kernel(late)
+    monkeypatch.setattr(direct, "_ALL", {})
+    assert direct.bind(k, (1,), 3, torch.zeros(4)) is None
+    assert len(k.dispatched) == 1  # still launched

@@ -1,0 +1,168 @@
+"""The public ops keep a checked problem (dcp_a2a.ops, issue 47): a kept key never changes a
+verdict. Each case is a good call and a bad one that differs from it in one thing; the bad call
+must be refused in the same words right after the good one (whose key is then kept) as from a
+cold start. A key that left out what a check reads would let the bad call through on the good
+call's verdict. And the keeping is real: a kept key skips the checks."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import dcp_a2a
+from dcp_a2a import ops
+from dcp_a2a.testing.data import bits_view
+
+pytestmark = pytest.mark.kernel
+
+B, N, HPR, D = 3, 2, 2, 8
+H = N * HPR
+DT = torch.bfloat16
+P = 2
+
+
+def _inputs(dtype=DT, device="cpu"):
+    g = torch.Generator().manual_seed(1)
+    out = torch.randn((B, H, D), generator=g).to(dtype).to(device)
+    lse = torch.randn((B, H), generator=g).to(device)
+    send = torch.empty((N, B, HPR, D + dcp_a2a.lse_pack_dim(dtype)), dtype=dtype, device=device)
+    return out, lse, send
+
+
+def _overlapping(device):
+    """send carved from the storage that out lies in: same shapes, strides and alignment."""
+    flat = torch.zeros(B * H * D + N * B * HPR * (D + P), dtype=DT, device=device)
+    out = flat[:B * H * D].view(B, H, D)
+    send = flat[B * H * D - 16:B * H * D - 16 + send_numel()].view(N, B, HPR, D + P)
+    return out, torch.zeros(B, H, device=device), send
+
+
+def send_numel():
+    return N * B * HPR * (D + P)
+
+
+def _pack_good(device):
+    out, lse, send = _inputs(device=device)
+    return (out, lse, send, N, HPR, D, P), {}
+
+
+def _with(args, **changes):
+    names = ("out", "lse", "send", "world_size", "h_per_rank", "head_dim", "lse_pack_dim")
+    full = dict(zip(names, args))
+    kw = {k: changes.pop(k) for k in ("seq_lens", "query_start_loc") if k in changes}
+    full.update(changes)
+    return tuple(full[n] for n in names), kw
+
+
+def _meta_like(t):
+    return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
+
+
+def _pack_bad_cases(device):
+    (out, lse, send, *_), _ = _pack_good(device)
+    args = (out, lse, send, N, HPR, D, P)
+    sl = torch.tensor([2, 0, 5], dtype=torch.int32, device=device)
+    qsl = torch.tensor([0, 1, 2, 3], dtype=torch.int32, device=device)
+    o2, l2, s2 = _overlapping(device)
+    return {
+        "send overlaps out": _with(args, out=o2, lse=l2, send=s2),
+        "lse in float64": _with(args, lse=lse.double()),
+        "out a list": _with(args, out=out.cpu().tolist()),
+        "world_size a float": _with(args, world_size=2.0),
+        "h_per_rank a bool": _with(args, h_per_rank=True),
+        "head_dim a float": _with(args, head_dim=float(D)),
+        "lse_pack_dim 1": _with(args, lse_pack_dim=1),
+        "send transposed, same shape": _with(
+            args, send=torch.empty((N, B, D + P, HPR), dtype=DT, device=device)
+            .transpose(2, 3)),
+        "send in float16": _with(args, send=send.to(torch.float16)),
+        "out on meta": _with(args, out=_meta_like(out)),
+        "lse on meta": _with(args, lse=_meta_like(lse)),
+        "seq_lens without query_start_loc": _with(args, seq_lens=sl),
+        "seq_lens in float": _with(args, seq_lens=sl.float(), query_start_loc=qsl),
+        "query_start_loc one short": _with(args, seq_lens=sl, query_start_loc=qsl[:-1]),
+        "seq_lens on meta": _with(args, seq_lens=_meta_like(sl), query_start_loc=qsl),
+    }
+
+
+def _refusal(fn, *args, **kw):
+    """(exception type, message) of fn's refusal, or None when it accepts."""
+    try:
+        fn(*args, **kw)
+    except (TypeError, ValueError) as e:
+        return type(e), str(e)
+    return None
+
+
+@pytest.fixture(autouse=True)
+def _cold():
+    ops.forget_calls()
+    yield
+    ops.forget_calls()
+
+
+@pytest.mark.parametrize("case", list(_pack_bad_cases("cpu")))
+def test_pack_send_refuses_after_a_kept_good_call(device, case):
+    bad_args, bad_kw = _pack_bad_cases(device)[case]
+    cold = _refusal(dcp_a2a.pack_send, *bad_args, **bad_kw)
+    assert cold is not None, f"{case}: accepted from a cold start (the case is not bad)"
+    good_args, good_kw = _pack_good(device)
+    if case == "send overlaps out":  # the good twin: same shapes and storage kind, apart
+        o, l, s = _overlapping(device)
+        good_args = (o.clone(), l, s.clone(), N, HPR, D, P)
+    dcp_a2a.pack_send(*good_args, **good_kw)
+    dcp_a2a.pack_send(*good_args, **good_kw)  # kept now
+    assert ops._PACK_CALLS, "the good call's key was not kept"
+    assert _refusal(dcp_a2a.pack_send, *bad_args, **bad_kw) == cold, case
+
+
+def _unpack_bad_cases(device):
+    recv = torch.zeros((N, B, HPR, D + P), dtype=DT, device=device)
+    good = (recv, D, P, True, True)
+    return {
+        "recv transposed, same shape": (torch.zeros((N, HPR, B, D + P), dtype=DT, device=device)
+                                        .transpose(1, 2), D, P, True, True),
+        "recv on meta": (_meta_like(recv), D, P, True, True),
+        "return_lse an int": (recv, D, P, 1, True),
+        "is_lse_base_on_e an int": (recv, D, P, True, 0),
+        "head_dim a float": (recv, float(D), P, True, True),
+        "lse_pack_dim 1": (recv, D, 1, True, True),
+        "recv an array": (recv.float().cpu().numpy(), D, P, True, True),
+    }, good
+
+
+@pytest.mark.parametrize("case", list(_unpack_bad_cases("cpu")[0]))
+def test_unpack_combine_refuses_after_a_kept_good_call(device, case):
+    cases, good = _unpack_bad_cases(device)
+    bad = cases[case]
+    cold = _refusal(dcp_a2a.unpack_combine, *bad)
+    assert cold is not None, f"{case}: accepted from a cold start (the case is not bad)"
+    dcp_a2a.unpack_combine(*good)
+    dcp_a2a.unpack_combine(*good)
+    assert ops._UNPACK_CALLS, "the good call's key was not kept"
+    assert _refusal(dcp_a2a.unpack_combine, *bad) == cold, case
+
+
+def test_a_kept_key_skips_the_checks_and_gives_the_same_bits(device, monkeypatch):
+    """The second call of a problem runs none of the first call's checks, and writes what a
+    checked call writes; a swapped launch table checks again."""
+    args, _ = _pack_good(device)
+    out, lse, send = args[:3]
+    dcp_a2a.pack_send(*args)
+    first = send.clone()
+    recv_first = dcp_a2a.unpack_combine(send, D, P, True, False)
+
+    def tripped(*a, **k):
+        raise AssertionError("a check ran for a kept key")
+    for name in ("check_output_and_lse", "check_wire_buffer", "check_seq_meta"):
+        monkeypatch.setattr(ops, name, tripped)
+    send.fill_(float("nan"))
+    dcp_a2a.pack_send(*args)
+    assert torch.equal(send.view(torch.int16), first.view(torch.int16))
+    again = dcp_a2a.unpack_combine(send, D, P, True, False)
+    assert all(torch.equal(bits_view(a), bits_view(b)) for a, b in zip(again, recv_first))
+
+    from dcp_a2a.kernels import tuning
+    monkeypatch.setattr(tuning, "ACTIVE", dict(tuning.ACTIVE))  # the same rules, anew
+    with pytest.raises(AssertionError, match="a check ran"):
+        dcp_a2a.pack_send(*args)
