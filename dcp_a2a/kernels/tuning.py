@@ -175,12 +175,20 @@ TABLE: dict[str, tuple[Rule, ...]] = {
                   slab_warps=((4096, 16, 16), (4096, 0, 4), (2048, 0, 8), (1024, 0, 4),
                               (0, 0, 1))),
              Rule(_ANY, 1024, 4096, 8, one_peer_warps=16)),
-    # one head per program while that keeps the GPU busy (8 warps at the smallest sizes, 4 up to
-    # 16k rows: as many programs as the straightforward design, which otherwise won at B 32-128);
-    # large batches: 8192 / N lanes a program (D=512 bf16: 4 heads at N=8, 8 at N=4, each in
-    # one 256-word tile; 8 heads x 128 words whatever N was 77 % of copy at N=8)
-    "combine": (Rule(256, 512, 1, 8), Rule(16384, 512, 1, 4),
-                Rule(_ANY, 256, 8192, 8, per_rank=True)),
+    # one head per program while that keeps the GPU busy (as many programs as the
+    # straightforward design, which otherwise won at B 32-128); large batches: 8192 / N lanes a
+    # program (D=512 bf16: 4 heads at N=8, 8 at N=4, each in one 256-word tile; 8 heads x 128
+    # words whatever N was 77 % of copy at N=8). The warps a head (fifteenth pass, issue 47:
+    # the engine's decode batches, three probes on an H200 and two H100s with one answer):
+    # 8 up to 128 rows; 4 for 256-lane heads up to 256 rows (B=16 H=128 N=8: 0.90-0.92 of the
+    # engine design's time, 0.93-0.96 at 8); up to 512 rows about two lanes a thread (1 warp to
+    # 64 lanes, 2 to 128, else 4); 1 warp up to 1k rows (0.83-0.98 of the engine design, where
+    # 4 warps took 0.99-1.05); 2 warps up to 4k rows (0.78-0.91); 4 up to 16k rows.
+    "combine": (Rule(128, 512, 1, 8), Rule(256, 512, 1, 4, min_head_lanes=256),
+                Rule(256, 512, 1, 8),
+                Rule(512, 512, 1, 1, max_head_lanes=64), Rule(512, 512, 1, 2, max_head_lanes=128),
+                Rule(512, 512, 1, 4), Rule(1024, 512, 1, 1), Rule(4096, 512, 1, 2),
+                Rule(16384, 512, 1, 4), Rule(_ANY, 256, 8192, 8, per_rank=True)),
     # the AG+RS weighting kernel (a read and a write of the local output)
     "scale": (Rule(_ANY, 512, 4096, 4),),
 }
@@ -235,11 +243,11 @@ CANDIDATES: dict[str, dict[str, tuple[Rule, ...]]] = {
                                         Rule(_ANY, 1024, 4096, 8))},
     # combine at large batches (docs/perf_history.md, third pass): 8 heads x 128 words whatever N
     # (the table until then); the head in one tile, 4 or 8 heads whatever N; 4096 / N lanes
-    "combine_slab_128": {**TABLE, "combine": TABLE["combine"][:2] + (Rule(_ANY, 128, 1024, 8),)},
-    "combine_one_tile": {**TABLE, "combine": TABLE["combine"][:2] + (Rule(_ANY, 256, 1024, 8),)},
+    "combine_slab_128": {**TABLE, "combine": TABLE["combine"][:-1] + (Rule(_ANY, 128, 1024, 8),)},
+    "combine_one_tile": {**TABLE, "combine": TABLE["combine"][:-1] + (Rule(_ANY, 256, 1024, 8),)},
     "combine_one_tile_8h": {**TABLE,
-                            "combine": TABLE["combine"][:2] + (Rule(_ANY, 256, 2048, 8),)},
-    "combine_per_rank_4k": {**TABLE, "combine": TABLE["combine"][:2] + (
+                            "combine": TABLE["combine"][:-1] + (Rule(_ANY, 256, 2048, 8),)},
+    "combine_per_rank_4k": {**TABLE, "combine": TABLE["combine"][:-1] + (
         Rule(_ANY, 256, 4096, 8, per_rank=True),)},
     # pack at large batches: 8 warps (the table until then), 16 warps whatever the peers
     "pack_8w": {**TABLE, "pack": (Rule(1024, 1024, 1, 2), Rule(_ANY, 1024, 4096, 8))},

@@ -226,7 +226,7 @@ def test_launch_choices_are_cached_for_the_table_in_force(compiled, monkeypatch)
     args = ("combine", 64, 16, 256, 8)
     first = tuning.launch(*args)
     assert tuning.launch(*args) is first
-    assert first == tuning.Launch(1, 256, 4)  # one head a program up to 16k rows, 4 warps
+    assert first == tuning.Launch(1, 256, 1)  # one head a program, one warp at 1k rows
     other = tuning.CANDIDATES["combine_one_tile"]  # a table whose rule above 16k rows differs
     big = ("combine", 8192, 16, 256, 4)
     table_big = tuning.launch(*big)
