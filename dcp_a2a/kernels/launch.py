@@ -47,6 +47,12 @@ def direct_enabled() -> bool:
 _ALL: dict = {}
 
 
+def _active(hook) -> bool:
+    """Whether a launch hook of Triton's knobs would do anything: None, or a hook chain
+    (Triton's ``HookChain``, the knobs' default since 3.4) with no hook in it, would not."""
+    return hook is not None and bool(getattr(hook, "calls", True))
+
+
 def _is_jit(kernel) -> bool:
     """A ``@triton.jit`` kernel (its Python function at ``fn``), not a test's stand-in."""
     return callable(getattr(kernel, "fn", None))
@@ -81,6 +87,7 @@ class Launches:
         self.tails: dict = {}  # (positional args, keyword names) -> the parameters after them
         self.usable = direct_enabled() and _is_jit(kernel)
         self.direct = 0  # launches that skipped Triton's dispatch (tests read it)
+        self.sited = 0  # ... of them, through a Site
         self.runtime = None
 
     def __call__(self, grid, *args, **kw):
@@ -99,9 +106,14 @@ class Launches:
         stream = driver.get_current_stream(device)
         full = (*args, *tail)
         g = (*grid, 1, 1)
-        compiled.run(g[0], g[1], g[2], stream, compiled.function, compiled.packed_metadata,
-                     compiled.launch_metadata(grid, stream, *full),
-                     knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook, *full)
+        hooks = knobs.runtime
+        enter, leave = hooks.launch_enter_hook, hooks.launch_exit_hook
+        if _active(enter) or _active(leave):
+            compiled.run(g[0], g[1], g[2], stream, compiled.function, compiled.packed_metadata,
+                         compiled.launch_metadata(grid, stream, *full), enter, leave, *full)
+        else:  # no hook to call: no launch metadata to build for one
+            compiled.run(g[0], g[1], g[2], stream, compiled.function, compiled.packed_metadata,
+                         None, None, None, *full)
         self.direct += 1
         return compiled
 
@@ -156,12 +168,13 @@ def bind(kernel, grid, *args, **kw):
 class Site:
     """One launch of one problem, every argument fixed but the addresses of the ``n`` leading
     tensors: ``site(*addresses)`` launches the compiled kernel on the current stream with them
-    (integers), counted in its :class:`Launches`' ``direct``. It returns False without
-    launching where it must not: the kernel's module now holds another object under its name
-    (a test's stand-in), its launches go through Triton now, the current device is not the
-    one it was made on, or a launch hook is set (hooks see tensors): the caller then launches
-    through :func:`launch`. The caller guarantees the rest: the same problem (dtypes, strides,
-    values), and addresses of the same alignment modulo 16 as the tensors it was made with."""
+    (integers), counted in its :class:`Launches`' ``direct`` and ``sited``. It returns False
+    without launching where it must not: the kernel's module now holds another object under
+    its name (a test's stand-in), its launches go through Triton now, the current device is
+    not the one it was made on, or a launch hook is active (hooks see tensors): the caller
+    then launches through :func:`launch`. The caller guarantees the rest: the same problem
+    (dtypes, strides, values), and addresses of the same alignment modulo 16 as the tensors
+    it was made with."""
 
     __slots__ = ("launches", "kernel", "module", "name", "run", "function", "metadata", "grid",
                  "n", "rest", "device", "driver", "hooks")
@@ -183,11 +196,13 @@ class Site:
             return False
         driver, hooks = self.driver, self.hooks
         device = driver.get_current_device()
-        if device != self.device or hooks.launch_enter_hook is not None \
-                or hooks.launch_exit_hook is not None:
+        if device != self.device or _active(hooks.launch_enter_hook) \
+                or _active(hooks.launch_exit_hook):
             return False
         g = self.grid
         self.run(g[0], g[1], g[2], driver.get_current_stream(device), self.function,
                  self.metadata, None, None, None, *addresses, *self.rest)
-        self.launches.direct += 1
+        launches = self.launches
+        launches.direct += 1
+        launches.sited += 1
         return True

@@ -6,7 +6,8 @@ At one decode row (B=64 H=128 D=512 N=8 bfloat16, CUDA tensors), for ``pack_send
 ``unpack_combine``: the eager time per call (``dcp_a2a.testing.eager.eager_us``: back-to-back
 calls, one synchronise at the end, median of 5), the same with every Triton launch replaced by a
 no-op (our host work alone, on this machine's CPU and with CUDA tensors; ``host_overhead.py``
-measures it with CPU tensors), the empty-kernel floor (Triton's launcher with the real launch's
+measures it with CPU tensors; a kept problem's Site refuses a stand-in kernel, so this times the
+checked path, not a kept call's), the empty-kernel floor (Triton's launcher with the real launch's
 arguments), the real kernel's compiled launcher called directly (what a launch cached per
 problem, skipping Triton's Python dispatch, could reach), and cProfile's top functions by own
 time over ``--calls`` real calls. The probe of

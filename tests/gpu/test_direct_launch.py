@@ -105,7 +105,7 @@ def test_a_kept_problem_launches_through_its_site(mask):
     want = run()
     sites = [k.site for k in (*ops._PACK_CALLS.values(), *ops._UNPACK_CALLS.values())]
     assert len(sites) == 2 and all(s is not None for s in sites), sites
-    before = sum(v.direct for v in direct._ALL.values())
+    before = sum(v.sited for v in direct._ALL.values())
     got = run()
-    assert sum(v.direct for v in direct._ALL.values()) - before == 2
+    assert sum(v.sited for v in direct._ALL.values()) - before == 2, "not through the Sites"
     assert _same(got, want)

@@ -150,11 +150,14 @@ def test_a_site_repeats_the_launch_with_integer_addresses(runtime, monkeypatch):
     compiled, launches = k.compiled[0], direct._ALL[k]
     hooks = launches.runtime[1].runtime
     assert site(0, 0) is False  # the fixture's knobs have hooks set
-    hooks.launch_enter_hook = hooks.launch_exit_hook = None
+    hooks.launch_enter_hook = SimpleNamespace(calls=[print])  # a chain with a hook in it
+    hooks.launch_exit_hook = None
+    assert site(0, 0) is False
+    hooks.launch_enter_hook = SimpleNamespace(calls=[])  # Triton's default: an empty chain
     assert site(1024, 2048) is True
     assert compiled.runs[-1] == (3, 1, 1, 111, "function", "metadata", None, None, None,
                                  1024, 2048, 5, 8)
-    assert launches.direct == 1 and len(k.dispatched) == 1
+    assert launches.direct == launches.sited == 1 and len(k.dispatched) == 1
     runtime.device = 1
     assert site(0, 0) is False
     runtime.device = 0
@@ -163,7 +166,7 @@ def test_a_site_repeats_the_launch_with_integer_addresses(runtime, monkeypatch):
     monkeypatch.setattr(sys.modules[__name__], "_site_kernel", k)
     launches.usable = False
     assert site(0, 0) is False
-    assert len(compiled.runs) == 1 and launches.direct == 1
+    assert len(compiled.runs) == 1 and launches.direct == launches.sited == 1
 
 
 def test_no_site_where_tensors_do_not_lead(runtime, monkeypatch):
@@ -173,3 +176,18 @@ def test_no_site_where_tensors_do_not_lead(runtime, monkeypatch):
     monkeypatch.setattr(direct, "_ALL", {})
     assert direct.bind(k, (1,), 3, torch.zeros(4)) is None
     assert len(k.dispatched) == 1  # still launched
+
+
+def test_no_launch_metadata_without_an_active_hook(runtime):
+    """Triton's knobs hold empty hook chains by default: then the launcher gets no hooks and
+    no launch metadata (building it is host time a call), as Triton's launcher would call
+    nothing."""
+    k = _Kernel(_fn)
+    launches = direct.Launches(k)
+    x = torch.zeros(8)
+    launches((2,), x, 5, 16)
+    hooks = launches.runtime[1].runtime
+    hooks.launch_enter_hook = SimpleNamespace(calls=[])
+    hooks.launch_exit_hook = None
+    launches((2,), x, 5, 16)
+    assert k.compiled[0].runs[-1][6:9] == (None, None, None)
