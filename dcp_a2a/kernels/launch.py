@@ -176,13 +176,14 @@ class Site:
     (dtypes, strides, values), and addresses of the same alignment modulo 16 as the tensors
     it was made with."""
 
-    __slots__ = ("launches", "kernel", "module", "name", "run", "function", "metadata", "grid",
-                 "n", "rest", "device", "driver", "hooks")
+    __slots__ = ("launches", "kernel", "module", "name", "compiled", "run", "function",
+                 "metadata", "grid", "n", "rest", "device", "driver", "hooks")
 
     def __init__(self, launches, compiled, grid, n, rest):
         self.launches, self.kernel = launches, launches.kernel
         fn = self.kernel.fn
         self.module, self.name = sys.modules.get(fn.__module__), fn.__name__
+        self.compiled = compiled  # what it launches (tests read its metadata)
         self.run, self.function = compiled.run, compiled.function
         self.metadata = compiled.packed_metadata
         self.grid = (*grid, 1, 1)[:3]

@@ -109,3 +109,24 @@ def test_a_kept_problem_launches_through_its_site(mask):
     got = run()
     assert sum(v.sited for v in direct._ALL.values()) - before == 2, "not through the Sites"
     assert _same(got, want)
+
+
+def test_a_kept_site_launches_the_tables_choice_after_an_override():
+    """The bench times candidates under ``tuning.OVERRIDES``: a problem first seen under one
+    must launch the table's kernel once the override is gone, not the candidate's."""
+    from dcp_a2a.kernels import tuning
+    ops.forget_calls()
+    b, n, hpr, d = 64, 4, 8, 128
+    recv = torch.zeros((n, b, hpr, d + 2), dtype=torch.bfloat16, device=DEV)
+    table = tuning.combine_launch(n, b, hpr, d // 2)
+    odd = tuning.Launch(1, 64, 8 if table.num_warps != 8 else 2)
+    tuning.OVERRIDES["combine"] = odd
+    try:
+        dcp_a2a.unpack_combine(recv, d, 2, False, True)
+    finally:
+        tuning.OVERRIDES.pop("combine", None)
+    dcp_a2a.unpack_combine(recv, d, 2, False, True)
+    dcp_a2a.unpack_combine(recv, d, 2, False, True)
+    (kept,) = ops._UNPACK_CALLS.values()
+    assert kept.site is not None
+    assert kept.site.compiled.metadata.num_warps == table.num_warps

@@ -166,3 +166,21 @@ def test_a_kept_key_skips_the_checks_and_gives_the_same_bits(device, monkeypatch
     monkeypatch.setattr(tuning, "ACTIVE", dict(tuning.ACTIVE))  # the same rules, anew
     with pytest.raises(AssertionError, match="a check ran"):
         dcp_a2a.pack_send(*args)
+
+
+def test_nothing_is_kept_under_an_override(device, monkeypatch):
+    """A launch an override chose (the bench's candidates) is not kept: after the override the
+    problem is checked and launched under the table again, not as the candidate."""
+    from dcp_a2a.kernels import tuning
+    args, _ = _pack_good(device)
+    recv = args[2]
+    monkeypatch.setitem(tuning.OVERRIDES, "combine", tuning.Launch(1, 8, 2))
+    monkeypatch.setitem(tuning.OVERRIDES, "pack", tuning.Launch(1, 8, 2))
+    dcp_a2a.pack_send(*args)
+    dcp_a2a.unpack_combine(recv, D, P, False, True)
+    assert not ops._PACK_CALLS and not ops._UNPACK_CALLS
+    monkeypatch.delitem(tuning.OVERRIDES, "combine")
+    monkeypatch.delitem(tuning.OVERRIDES, "pack")
+    dcp_a2a.pack_send(*args)
+    dcp_a2a.unpack_combine(recv, D, P, False, True)
+    assert len(ops._PACK_CALLS) == len(ops._UNPACK_CALLS) == 1
