@@ -34,6 +34,7 @@ from .wire import (
     check_seq_meta,
     check_wire_buffer,
     lse_pack_dim as _lse_pack_dim,
+    reach,
     require_bool,
     require_disjoint,
     require_int,
@@ -90,12 +91,7 @@ def _index_key(t):
 def _reach_bytes(t: torch.Tensor) -> int:
     """Bytes from ``t``'s address to one past the last it can touch (0 when empty, or meta:
     the overlap test then skips it, as require_disjoint does)."""
-    if t.numel() == 0 or t.is_meta:
-        return 0
-    reach = 1
-    for n, st in zip(t.shape, t.stride()):
-        reach += (n - 1) * st
-    return reach * t.element_size()
+    return 0 if t.is_meta else reach(t) * t.element_size()
 
 
 def pack_send(out, lse, send, world_size, h_per_rank, head_dim, lse_pack_dim,

@@ -206,18 +206,24 @@ def require_runnable_device(t: torch.Tensor) -> None:
         )
 
 
+def reach(t: torch.Tensor) -> int:
+    """Elements from ``t``'s first element to one past the last it can touch (0 when empty):
+    a function of its shape and strides alone."""
+    numel = t.numel()
+    if numel == 0:
+        return 0
+    if t.is_contiguous():  # the common case, without a Python loop over the dims
+        return numel
+    extent = 1
+    for s, st in zip(t.shape, t.stride()):
+        extent += (s - 1) * abs(st)
+    return extent
+
+
 def _span(t: torch.Tensor) -> tuple[int, int]:
     """[first byte, one past the last byte] that ``t`` can touch."""
-    start, numel = t.data_ptr(), t.numel()
-    if numel == 0:
-        return (start, start)
-    if t.is_contiguous():  # the common case, without a Python loop over the dims
-        extent = numel
-    else:
-        extent = 1
-        for s, st in zip(t.shape, t.stride()):
-            extent += (s - 1) * abs(st)
-    return (start, start + extent * t.element_size())
+    start = t.data_ptr()
+    return (start, start + reach(t) * t.element_size())
 
 
 def require_disjoint(dst_name: str, dst: torch.Tensor, **sources: torch.Tensor) -> None:

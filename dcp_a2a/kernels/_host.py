@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from ..wire import BITS_DTYPE
+from ..wire import BITS_DTYPE, reach
 
 
 def bits(t: torch.Tensor) -> torch.Tensor:
@@ -44,11 +44,8 @@ def needs_int64(*tensors: torch.Tensor) -> bool:
     kernels then index in int64; int32 otherwise). Shapes and strides decide it, not the
     storage: the kernels index from each tensor's own address, and a verdict that depends on
     nothing else can be kept per problem (``dcp_a2a.ops``)."""
-    for t in tensors:  # loops, not any(<generator>): this runs on every first call
-        reach = 1
-        for n, st in zip(t.shape, t.stride()):
-            reach += (n - 1) * st
-        if reach >= 1 << 31:
+    for t in tensors:  # a loop, not any(<generator>): this runs on every first call
+        if reach(t) >= 1 << 31:
             return True
     return False
 
