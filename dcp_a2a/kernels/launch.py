@@ -162,11 +162,11 @@ def bind(kernel, grid, *args, **kw):
     tail = launches._tail(args, kw)
     if tail is None or not all(hasattr(compiled, part) for part in _LAUNCHER_PARTS):
         return None
-    return Site(launches, compiled, grid, n, (*args[n:], *tail))
+    return Site(launches, compiled, grid, (*args[n:], *tail))
 
 
 class Site:
-    """One launch of one problem, every argument fixed but the addresses of the ``n`` leading
+    """One launch of one problem, every argument fixed but the addresses of the leading
     tensors: ``site(*addresses)`` launches the compiled kernel on the current stream with them
     (integers), counted in its :class:`Launches`' ``direct`` and ``sited``. It returns False
     without launching where it must not: the kernel's module now holds another object under
@@ -177,9 +177,9 @@ class Site:
     it was made with."""
 
     __slots__ = ("launches", "kernel", "module", "name", "compiled", "run", "function",
-                 "metadata", "grid", "n", "rest", "device", "driver", "hooks")
+                 "metadata", "grid", "rest", "device", "driver", "hooks")
 
-    def __init__(self, launches, compiled, grid, n, rest):
+    def __init__(self, launches, compiled, grid, rest):
         self.launches, self.kernel = launches, launches.kernel
         fn = self.kernel.fn
         self.module, self.name = sys.modules.get(fn.__module__), fn.__name__
@@ -187,7 +187,7 @@ class Site:
         self.run, self.function = compiled.run, compiled.function
         self.metadata = compiled.packed_metadata
         self.grid = (*grid, 1, 1)[:3]
-        self.n, self.rest = n, rest
+        self.rest = rest  # the arguments after the addresses, then the parameters' tail
         driver, knobs = launches.runtime or _runtime()
         self.driver, self.hooks = driver, knobs.runtime
         self.device = driver.get_current_device()
