@@ -200,7 +200,8 @@ def unpack_combine(recv, head_dim, lse_pack_dim, return_lse, is_lse_base_on_e):
 def _unpack_checked(recv, head_dim, lse_pack_dim, return_lse, is_lse_base_on_e, key, kept):
     """unpack_combine's every check (unless ``kept``: this key passed them), then the launch;
     the key is kept once the checks pass."""
-    if kept is None or not kept.current():
+    fresh = kept is None or not kept.current()
+    if fresh:
         require_int("head_dim", head_dim, 1)
         require_bool("return_lse", return_lse)
         require_bool("is_lse_base_on_e", is_lse_base_on_e)
@@ -210,13 +211,14 @@ def _unpack_checked(recv, head_dim, lse_pack_dim, return_lse, is_lse_base_on_e, 
             raise ValueError("recv must hold at least one peer slice (N >= 1)")
         if B and hpr:
             require_runnable_device(recv)
+    if key is None or not fresh:  # nothing to keep, or kept already (without a Site)
+        return _combine.combine_packed(recv, head_dim, return_lse, is_lse_base_on_e)
     res, site = _combine.combine_packed(recv, head_dim, return_lse, is_lse_base_on_e,
-                                        with_site=key is not None)
-    if key is not None:
-        out, lse = res if return_lse else (res, res)
-        kept = _Kept(site)
-        kept.out_shape, kept.lse_shape = out.shape, lse.shape
-        kept.dtype, kept.device = out.dtype, out.device
-        kept.aligns = (out.data_ptr() & 15, lse.data_ptr() & 15)
-        _keep(_UNPACK_CALLS, key, kept)
+                                        with_site=True)
+    out, lse = res if return_lse else (res, res)
+    kept = _Kept(site)
+    kept.out_shape, kept.lse_shape = out.shape, lse.shape
+    kept.dtype, kept.device = out.dtype, out.device
+    kept.aligns = (out.data_ptr() & 15, lse.data_ptr() & 15)
+    _keep(_UNPACK_CALLS, key, kept)
     return res

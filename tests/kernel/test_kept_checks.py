@@ -184,3 +184,20 @@ def test_nothing_is_kept_under_an_override(device, monkeypatch):
     dcp_a2a.pack_send(*args)
     dcp_a2a.unpack_combine(recv, D, P, False, True)
     assert len(ops._PACK_CALLS) == len(ops._UNPACK_CALLS) == 1
+
+
+@pytest.mark.parametrize("return_lse", [False, True])
+def test_a_tensor_subclass_is_merged_unkept(device, return_lse):
+    """A tensor subclass (here a Parameter) gets no key: it is checked and merged every call,
+    and gives what the plain tensor gives (B = 2, so a result mistaken for a (result, Site)
+    pair would unpack along its batch rows)."""
+    g = torch.Generator().manual_seed(5)
+    recv = torch.randn((N, 2, HPR, D + P), generator=g).to(DT).to(device)
+    recv[..., D:] = 0  # LSE bits 0: finite weights
+    want = dcp_a2a.unpack_combine(recv, D, P, return_lse, True)
+    sub = torch.nn.Parameter(recv.clone(), requires_grad=False)
+    for _ in range(2):
+        got = dcp_a2a.unpack_combine(sub, D, P, return_lse, True)
+        pairs = zip(got, want) if return_lse else [(got, want)]
+        assert all(type(a) is torch.Tensor and torch.equal(bits_view(a), bits_view(b))
+                   for a, b in pairs)
