@@ -13,9 +13,9 @@
 #
 # The runs go through evals/gpu_queue.py: one process per job, as many at once as the card's
 # memory holds (the estimates in jobs_file, GiB; a job out of memory runs again alone), in this
-# order: decode-step timings (bench_step --legacy, alone), GSM8K bf16 reference and packed,
-# float32 reference and packed, bf16 two_collective and ag_rs, logit parity, 2 torchrun ranks
-# over gloo. Every GSM8K run is the full test set (--limit 1319, batch 256, N = 4, base e, 256
+# order: GSM8K bf16 reference and packed, float32 reference and packed, bf16 two_collective and
+# ag_rs, decode-step timings (bench_step --legacy, alone), logit parity, 2 torchrun ranks over
+# gloo. Every GSM8K run is the full test set (--limit 1319, batch 256, N = 4, base e, 256
 # new tokens): nothing is shrunk. The jobs run in their own sessions while the machine is held.
 set -uo pipefail
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 \
@@ -45,18 +45,18 @@ bg() {  # bg NAME COMMAND...: a job in its own session (it outlives the call), l
 
 jobs_file() {  # one line a job: NAME GiB COMMAND (what gpu_queue runs, in this order)
     local g="$G --backends" o="--out $RES/g"
+    echo "bf16-reference 34 $g reference --dtype bfloat16 $o-bfloat16-reference"
+    echo "bf16-packed 34 $g packed --dtype bfloat16 $o-bfloat16-packed"
+    echo "fp32-reference 64 $g reference --dtype float32 $o-float32-reference"
+    echo "fp32-packed 64 $g packed --dtype float32 $o-float32-packed"
+    echo "bf16-two_collective 34 $g two_collective --dtype bfloat16 $o-bfloat16-two_collective"
+    echo "bf16-ag_rs 34 $g ag_rs --dtype bfloat16 $o-bfloat16-ag_rs"
     echo "check 999 python3 -m dcp_a2a.evals.bench_step --model $M --dtype bfloat16" \
         "--batch-size 256 --context 900 --steps 16 --rounds 2 --legacy --profile 2" \
         "--out $RES/bench_bf16"
-    echo "bf16-reference 36 $g reference --dtype bfloat16 $o-bfloat16-reference"
-    echo "bf16-packed 36 $g packed --dtype bfloat16 $o-bfloat16-packed"
-    echo "fp32-reference 66 $g reference --dtype float32 $o-float32-reference"
-    echo "fp32-packed 66 $g packed --dtype float32 $o-float32-packed"
-    echo "bf16-two_collective 36 $g two_collective --dtype bfloat16 $o-bfloat16-two_collective"
-    echo "bf16-ag_rs 36 $g ag_rs --dtype bfloat16 $o-bfloat16-ag_rs"
-    echo "parity 20 python3 -m dcp_a2a.evals.logit_parity --model $M --limit 64 --dcp-size 4" \
+    echo "parity 18 python3 -m dcp_a2a.evals.logit_parity --model $M --limit 64 --dcp-size 4" \
         "--dtypes float32,bfloat16 --out $RES/logit_parity"
-    echo "torchrun 60 torchrun --standalone --nproc-per-node 2 -m dcp_a2a.evals.gsm8k" \
+    echo "torchrun 56 torchrun --standalone --nproc-per-node 2 -m dcp_a2a.evals.gsm8k" \
         "--distributed --process-group gloo --model $M --backends packed --dtype bfloat16" \
         "--limit 1319 --batch-size 256 --out $RES/d-bfloat16-packed"
 }
