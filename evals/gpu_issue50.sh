@@ -5,7 +5,8 @@
 # 30 s it stays warm after the last):
 #
 #   bash evals/gpu_issue50.sh start     # first call: wheels + checkout installed; in the
-#                                       # background the bit check on CUDA, then gpu-check
+#                                       # background the bit check on CUDA, gpu-check and
+#                                       # issue 47's probes (docs/perf_data), one after another
 #   bash evals/gpu_issue50.sh join      # every carry call: append the parts carried so far;
 #                                       # after the last one the runs below start, queued
 #   bash evals/gpu_issue50.sh collect   # wait for the next job to end (at most WAIT_S s) and
@@ -67,7 +68,9 @@ start)
     nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv
     bg gpumem "nvidia-smi --query-gpu=timestamp,memory.used,utilization.gpu --format=csv -l 5"
     bg checks "python3 -m pytest tests/e2e/test_fast_path.py -q -p no:cacheprovider" \
-        ">$RES/bitcheck.log 2>&1; python3 -m dcp_a2a gpu-check --out $RES/gc" ;;
+        ">$RES/bitcheck.log 2>&1; python3 -m dcp_a2a gpu-check --out $RES/gc;" \
+        "python3 docs/perf_data/issue47_probe.py $RES/issue47_probe.json;" \
+        "python3 docs/perf_data/eager_profile.py $RES/eager_profile.json --calls 1000" ;;
 join)
     setup
     python3 -m dcp_a2a.evals.prepare --model $M --join .gpurun/parts || exit
@@ -87,5 +90,5 @@ collect)
     tail -n 2 "$RES/gpumem.log"
     tar czf "$OUT/res.tgz" -C "$RES" . && ls -l "$OUT" ;;
 *)
-    sed -n '2,19p' "$0"; exit 2 ;;
+    sed -n '2,/^set -uo/{/^set -uo/!p}' "$0"; exit 2 ;;
 esac
