@@ -16,8 +16,8 @@
 # memory holds (the estimates in jobs_file, GiB; a job out of memory runs again alone), in this
 # order: GSM8K bf16 reference and packed, float32 reference and packed, bf16 two_collective and
 # ag_rs, decode-step timings (bench_step --legacy, alone), logit parity, 2 torchrun ranks over
-# gloo. Every GSM8K run is the full test set (--limit 1319, batch 256, N = 4, base e, 256
-# new tokens): nothing is shrunk. The jobs run in their own sessions while the machine is held.
+# gloo. Every GSM8K run is the full test set (--limit 1319, batch 256, float32 128, N = 4,
+# base e, 256 new tokens): nothing is shrunk. The jobs run in their own sessions while the machine is held.
 set -uo pipefail
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 \
     NVSHMEM_DISABLE_NVLS=1 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
@@ -26,7 +26,7 @@ OUT=${OUT:?run this on the device machine: \$OUT is its result folder}
 RES=/tmp/res
 WAIT_S=${WAIT_S:-570}
 export DCP_A2A_GSM8K_DIR=$PWD/.gpurun/gsm8k
-G="python3 -m dcp_a2a.evals.gsm8k --model $M --limit 1319 --batch-size 256 --dcp-size 4"
+G="python3 -m dcp_a2a.evals.gsm8k --model $M --limit 1319 --dcp-size 4"
 mkdir -p "$RES"
 
 setup() {  # carried wheels (lm-eval, gguf, what they need) once, then this checkout
@@ -45,19 +45,24 @@ bg() {  # bg NAME COMMAND...: a job in its own session (it outlives the call), l
 }
 
 jobs_file() {  # one line a job: NAME GiB COMMAND (what gpu_queue runs, in this order)
-    local g="$G --backends" o="--out $RES/g"
-    echo "bf16-reference 34 $g reference --dtype bfloat16 $o-bfloat16-reference"
-    echo "bf16-packed 34 $g packed --dtype bfloat16 $o-bfloat16-packed"
-    echo "fp32-reference 64 $g reference --dtype float32 $o-float32-reference"
-    echo "fp32-packed 64 $g packed --dtype float32 $o-float32-packed"
-    echo "bf16-two_collective 34 $g two_collective --dtype bfloat16 $o-bfloat16-two_collective"
-    echo "bf16-ag_rs 34 $g ag_rs --dtype bfloat16 $o-bfloat16-ag_rs"
+    # GiB: the first batch prefills 256 (float32: 128) prompts padded to the longest, 1597
+    # tokens: three [tokens, 8960] MLP activations, hidden states, the KV cache for 1853
+    # positions and the weights -- ~41 GiB in bf16 at batch 256, ~45 GiB in float32 at 128
+    # (float32 at 256 would need ~90 GiB), each rank of the torchrun job ~35 GiB
+    local b="$G --batch-size 256 --dtype bfloat16 --backends" f="$G --batch-size 128"
+    f="$f --dtype float32 --backends"
+    echo "bf16-reference 44 $b reference --out $RES/g-bfloat16-reference"
+    echo "bf16-packed 44 $b packed --out $RES/g-bfloat16-packed"
+    echo "fp32-reference 48 $f reference --out $RES/g-float32-reference"
+    echo "fp32-packed 48 $f packed --out $RES/g-float32-packed"
+    echo "bf16-two_collective 44 $b two_collective --out $RES/g-bfloat16-two_collective"
+    echo "bf16-ag_rs 44 $b ag_rs --out $RES/g-bfloat16-ag_rs"
     echo "check 999 python3 -m dcp_a2a.evals.bench_step --model $M --dtype bfloat16" \
         "--batch-size 256 --context 900 --steps 16 --rounds 2 --legacy --profile 2" \
         "--out $RES/bench_bf16"
-    echo "parity 18 python3 -m dcp_a2a.evals.logit_parity --model $M --limit 64 --dcp-size 4" \
+    echo "parity 26 python3 -m dcp_a2a.evals.logit_parity --model $M --limit 64 --dcp-size 4" \
         "--dtypes float32,bfloat16 --out $RES/logit_parity"
-    echo "torchrun 56 torchrun --standalone --nproc-per-node 2 -m dcp_a2a.evals.gsm8k" \
+    echo "torchrun 72 torchrun --standalone --nproc-per-node 2 -m dcp_a2a.evals.gsm8k" \
         "--distributed --process-group gloo --model $M --backends packed --dtype bfloat16" \
         "--limit 1319 --batch-size 256 --out $RES/d-bfloat16-packed"
 }
@@ -76,7 +81,10 @@ join)
     python3 -m dcp_a2a.evals.prepare --model $M --join .gpurun/parts || exit
     if [ ! -e "$RES/jobs" ]; then
         jobs_file >"$RES/jobs"
-        bg queue "while [ ! -e $RES/checks.rc ]; do sleep 2; done;" \
+        # the float32 copy (evals/dequantised.py: every job then loads in seconds) is made on
+        # the CPU while the checks finish; without it the jobs read the GGUF, as before
+        bg queue "python3 -m dcp_a2a.evals.prepare --model $M --dequantise;" \
+            "while [ ! -e $RES/checks.rc ]; do sleep 2; done;" \
             "python3 -m dcp_a2a.evals.gpu_queue $RES/jobs --logs $RES/q"
         echo "queue started: $(grep -c . "$RES/jobs") jobs"
     fi ;;

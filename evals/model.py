@@ -204,7 +204,9 @@ def resolve_model(model: str | None = None, pretrained: str | None = None,
     checked before anything heavy is imported.
 
     ``pretrained`` (a directory, or an HF hub id) wins over ``model`` (a registry name, default
-    :data:`DEFAULT_MODEL`). Raises :class:`MissingInput` for an unprepared model, a missing
+    :data:`DEFAULT_MODEL`). A registered model loads from its dequantised copy when one is
+    there for this transformers (:mod:`evals.dequantised`: the same tensors, in seconds), else
+    from the GGUF. Raises :class:`MissingInput` for an unprepared model, a missing
     directory or GGUF file, or a GGUF without the ``gguf`` package; ``ValueError`` for an
     unknown model name."""
     if pretrained:
@@ -219,9 +221,13 @@ def resolve_model(model: str | None = None, pretrained: str | None = None,
                                    "pass the name of a .gguf file inside --pretrained")
         out = {"pretrained": str(pretrained), "gguf_file": gguf_file, "model": str(pretrained)}
     else:
+        from . import dequantised
+
         name = model or DEFAULT_MODEL
         p = require_gguf(name)
-        out = {"pretrained": str(p.parent), "gguf_file": p.name, "model": name}
+        d = dequantised.find(get_spec(name))
+        out = ({"pretrained": str(d), "gguf_file": None, "model": name} if d else
+               {"pretrained": str(p.parent), "gguf_file": p.name, "model": name})
     if out["gguf_file"] and importlib.util.find_spec("gguf") is None:
         raise MissingInput("the Python package gguf is not installed (transformers needs it to "
                            "read GGUF models)", EVALS_EXTRA)
