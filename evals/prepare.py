@@ -212,7 +212,8 @@ def parser() -> argparse.ArgumentParser:
                            "a re-run after a missing or corrupt part resumes")
     ap.add_argument("--dequantise", action="store_true",
                     help="then write the model dequantised to float32 safetensors in the cache, "
-                         "checked bit for bit (evals load it in seconds); not with --split")
+                         "checked bit for bit (evals load it in seconds; kept if already "
+                         "there, unless --force); not with --split")
     ap.add_argument("--part-mib", type=_part_mib, default=MAX_PART_MIB,
                     help=f"with --split: the size of a part in MiB (1 to {MAX_PART_MIB})")
     return ap
@@ -257,8 +258,13 @@ def main(argv=None) -> Path:
             from . import dequantised
 
             t1 = time.perf_counter()
-            dequantised.export(spec, args.cache_dir, log=lambda line: print(
-                f"{line} ({time.perf_counter() - t1:.0f} s)", flush=True))
+            done = None if args.force else dequantised.find(spec, args.cache_dir)
+            if done is not None:
+                print(f"{spec.name}: already dequantised in {done} (--force writes it again)",
+                      flush=True)
+            else:
+                dequantised.export(spec, args.cache_dir, log=lambda line: print(
+                    f"{line} ({time.perf_counter() - t1:.0f} s)", flush=True))
     except MissingInput as e:
         fail(PROG, e)
     print(path, flush=True)

@@ -116,6 +116,10 @@ def test_prepare_dequantise_command(fake, capsys):
     out = capsys.readouterr().out.splitlines()
     assert out[-1] == str(gguf) and "bitwise equal read back" in out[-2]
     assert dq.find(spec) is not None
+    stamp = (dq.path(spec, cache) / dq.STAMP).stat().st_mtime_ns
+    prepare.main(["--model", "fake", "--dequantise"])  # a valid copy is kept as it is
+    assert "already dequantised" in capsys.readouterr().out
+    assert (dq.path(spec, cache) / dq.STAMP).stat().st_mtime_ns == stamp
     with pytest.raises(SystemExit) as e:
         prepare.main(["--model", "fake", "--dequantise", "--split", str(cache / "p")])
     assert e.value.code == 2
