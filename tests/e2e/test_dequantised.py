@@ -33,6 +33,10 @@ def fake(tmp_path, monkeypatch, tiny_model_dir):
                         member="*.gguf", size=len(data), sha256=hashlib.sha256(data).hexdigest())
     monkeypatch.setitem(em.MODELS, "fake", spec)
     monkeypatch.setattr(em, "installed_pieces", lambda spec: None)
+    # resolve_model refuses a GGUF without the gguf package (CI has none); none is read here
+    find_spec = em.importlib.util.find_spec
+    monkeypatch.setattr(em.importlib.util, "find_spec",
+                        lambda name, *a: object() if name == "gguf" else find_spec(name, *a))
     cache = tmp_path / "cache"
     monkeypatch.setenv(em.CACHE_ENV, str(cache))
     gguf = em.cached_path(spec, cache)
