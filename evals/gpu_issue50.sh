@@ -17,7 +17,8 @@
 # order: GSM8K bf16 reference and packed, float32 reference and packed, bf16 two_collective and
 # ag_rs, decode-step timings (bench_step --legacy, alone), logit parity, 2 torchrun ranks over
 # gloo. Every GSM8K run is the full test set (--limit 1319, batch 256, float32 128, N = 4,
-# base e, 256 new tokens): nothing is shrunk. The jobs run in their own sessions while the machine is held.
+# base e, 256 new tokens): nothing is shrunk. The jobs run in their own sessions while the
+# machine is held.
 set -uo pipefail
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 \
     NVSHMEM_DISABLE_NVLS=1 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
@@ -96,7 +97,9 @@ collect)
     cut -c1-200 "$RES/q/queue.log" 2>/dev/null
     for f in checks bitcheck; do [ -e "$RES/$f.log" ] && tail -n 12 "$RES/$f.log"; done
     tail -n 2 "$RES/gpumem.log"
-    tar czf "$OUT/res.tgz" -C "$RES" . && ls -l "$OUT" ;;
+    # two archives: a file comes back only under 16 MiB, and gpu-check's report is the big one
+    tar czf "$OUT/res.tgz" -C "$RES" --exclude=./gc . \
+        && { [ ! -d "$RES/gc" ] || tar czf "$OUT/gc.tgz" -C "$RES" gc; } && ls -l "$OUT" ;;
 *)
     sed -n '2,/^set -uo/{/^set -uo/!p}' "$0"; exit 2 ;;
 esac
