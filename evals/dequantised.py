@@ -115,9 +115,15 @@ def export(spec: ModelSpec, root: Path | None = None, log=print) -> Path:
     tmp.mkdir(parents=True)
     with torch.no_grad():
         model, tok = load_model(str(gguf.parent), gguf.name, dtype="float32")
-        # tied weights are saved once by name; transformers' own save refuses a GGUF model
-        save_file({k: v.contiguous() for k, v in model.state_dict().items()},
-                  str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        # transformers' own save refuses a GGUF-loaded model. A tied tensor (the same storage
+        # under two names, which safetensors refuses) is written under its first name: the
+        # config's tie restores the other on load, and the comparison below checks it did.
+        tensors, seen = {}, set()
+        for k, v in model.state_dict().items():
+            if v.data_ptr() not in seen:
+                seen.add(v.data_ptr())
+                tensors[k] = v.contiguous()
+        save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         cfg = json.loads(model.config.to_json_string(use_diff=False))
         cfg.pop("quantization_config", None)
         (tmp / "config.json").write_text(json.dumps(cfg, indent=1) + "\n")

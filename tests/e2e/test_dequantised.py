@@ -82,6 +82,30 @@ def test_export_then_resolve_loads_the_same_model(fake, tiny_model_dir):
                                                       got.state_dict().values()))
 
 
+def test_a_tied_model_is_written_once_and_tied_again(fake, tiny_model_dir, tmp_path,
+                                                     monkeypatch):
+    """Tied input and output embeddings (SmolLM2's GGUF) are one storage under two names,
+    which safetensors refuses to write: the copy keeps one and the config ties them again."""
+    from transformers import AutoModelForCausalLM
+
+    spec, cache, gguf, _ = fake
+    m = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    m.config.tie_word_embeddings = True
+    m.lm_head.weight = m.get_input_embeddings().weight
+    tied = tmp_path / "tied"
+    m.save_pretrained(tied)
+    for f in tiny_model_dir.iterdir():
+        if "token" in f.name:
+            (tied / f.name).write_bytes(f.read_bytes())
+    load = em.load_model  # the fixture's: the "GGUF" is the tiny untied model
+    monkeypatch.setattr(em, "load_model", lambda p=None, g=None, dtype="float32", **kw: load(
+        str(tied), None, dtype=dtype) if g == spec.gguf_name else load(p, g, dtype=dtype, **kw))
+    d = dq.export(spec, log=lambda _: None)
+    got, _ = em.load_model(str(d), None)
+    assert got.lm_head.weight.data_ptr() == got.get_input_embeddings().weight.data_ptr()
+    assert torch.equal(got.lm_head.weight, m.lm_head.weight)
+
+
 @pytest.mark.parametrize("field, value", [("gguf_sha256", "0" * 64), ("transformers", "0.0.1"),
                                           ("format", "something else")])
 def test_a_stale_stamp_falls_back_to_the_gguf(fake, field, value):
