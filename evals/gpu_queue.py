@@ -74,8 +74,13 @@ def card_gb() -> float:
 def run(jobs: list[Job], logs: Path, budget_gb: float, poll_s: float = 2.0) -> int:
     """Run ``jobs`` under ``budget_gb``; returns 0 when every job exited 0."""
     logs.mkdir(parents=True, exist_ok=True)
-    qlog = open(logs / "queue.log", "a", buffering=1)
-    say = lambda msg: print(f"{time.strftime('%H:%M:%S')} {msg}", file=qlog)  # noqa: E731
+    with open(logs / "queue.log", "a", buffering=1) as qlog:
+        return _run(jobs, logs, budget_gb, poll_s, lambda msg: print(
+            f"{time.strftime('%H:%M:%S')} {msg}", file=qlog))
+
+
+def _run(jobs, logs, budget_gb, poll_s, say) -> int:
+    share = lambda j: budget_gb if j.alone else min(j.gb, budget_gb)  # noqa: E731
     waiting, running, failed = list(jobs), [], []
     say(f"budget {budget_gb:.1f} GiB, {len(jobs)} jobs")
     while waiting or running:
@@ -95,20 +100,16 @@ def run(jobs: list[Job], logs: Path, budget_gb: float, poll_s: float = 2.0) -> i
             say(f"{job.name}: exit {rc} after {time.time() - job.t0:.0f} s")
             if rc != 0:
                 failed.append(job.name)
-        used = sum(budget_gb if j.alone else min(j.gb, budget_gb) for j in running)
-        while waiting:
-            job = waiting[0]
-            need = budget_gb if job.alone else min(job.gb, budget_gb)
-            if running and used + need > budget_gb:
-                break
-            waiting.pop(0)
+        used = sum(share(j) for j in running)
+        while waiting and not (running and used + share(waiting[0]) > budget_gb):
+            job = waiting.pop(0)
             with open(logs / f"{job.name}.log", "w") as fh:
                 job.proc = subprocess.Popen(["bash", "-c", job.command], stdout=fh,
                                             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
             job.t0 = time.time()
             running.append(job)
-            used += need
-            say(f"{job.name}: started ({need:.0f} of {budget_gb:.0f} GiB): {job.command}")
+            used += share(job)
+            say(f"{job.name}: started ({share(job):.0f} of {budget_gb:.0f} GiB): {job.command}")
         time.sleep(poll_s)
     say(f"done; failed: {', '.join(failed) or 'none'}")
     return 1 if failed else 0
