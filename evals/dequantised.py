@@ -54,6 +54,11 @@ def _transformers_version() -> str | None:
         return None
 
 
+def _stamp(spec: ModelSpec) -> dict:
+    """What a copy made of ``spec`` by this transformers is stamped with (and found by)."""
+    return {"format": FORMAT, "gguf_sha256": spec.sha256, "transformers": _transformers_version()}
+
+
 def find(spec: ModelSpec, root: Path | None = None) -> Path | None:
     """The dequantised copy of ``spec`` when its stamp matches the registry's SHA-256 and the
     transformers installed now, else None. Reads one small file (no transformers import)."""
@@ -62,8 +67,7 @@ def find(spec: ModelSpec, root: Path | None = None) -> Path | None:
         stamp = json.loads((d / STAMP).read_text())
     except (OSError, ValueError):
         return None
-    want = {"format": FORMAT, "gguf_sha256": spec.sha256, "transformers": _transformers_version()}
-    return d if all(stamp.get(k) == v for k, v in want.items()) else None
+    return d if all(stamp.get(k) == v for k, v in _stamp(spec).items()) else None
 
 
 def _config_dict(config) -> dict:
@@ -139,8 +143,7 @@ def export(spec: ModelSpec, root: Path | None = None, log=print) -> Path:
                               "load from the GGUF (the default without a copy)")
     shutil.rmtree(d, ignore_errors=True)
     tmp.rename(d)
-    (d / STAMP).write_text(json.dumps({"format": FORMAT, "gguf_sha256": spec.sha256,
-                                       "transformers": _transformers_version()}, indent=1) + "\n")
-    log(f"{spec.name}: dequantised to float32 in {d} ({len(model.state_dict())} tensors, "
+    (d / STAMP).write_text(json.dumps(_stamp(spec), indent=1) + "\n")
+    log(f"{spec.name}: dequantised to float32 in {d} ({len(tensors)} tensors written, "
         f"bitwise equal read back)")
     return d
