@@ -254,7 +254,9 @@ def mask_args(seq_lens, query_start_loc, like: torch.Tensor):
         # fresh placeholder was a fill kernel per call: half the time of a decode-size pack)
         return like, like, 0, 0, False
     n = seq_lens.numel()
-    return seq_lens, query_start_loc, n, search_steps(n), True
+    # the kernels read entry i at the tensor's address + i: a view with strides (a rank's
+    # column of a [requests, N] table of local KV lengths) is read through a contiguous copy
+    return (seq_lens.contiguous(), query_start_loc.contiguous(), n, search_steps(n), True)
 
 
 def lanes_of(out: torch.Tensor, lse_lanes: int):
@@ -309,11 +311,13 @@ def pack(out, lse, send, h_per_rank, seq_lens=None, query_start_loc=None, with_s
     ``with_site``: return the launch's :class:`~dcp_a2a.kernels.launch.Site` (None: nothing
     launched, or no direct launches here), for a caller that repeats the problem; its
     addresses are those of out, lse, send and the two index tensors (out's where there are
-    none)."""
+    none; no Site where an index tensor with strides was read through a copy)."""
     B, H, D = out.shape
     if B == 0 or H == 0:
         return None
     sl, qsl, num_seqs, steps, has_mask = mask_args(seq_lens, query_start_loc, out)
+    if has_mask and (sl is not seq_lens or qsl is not query_start_loc):
+        with_site = False  # a Site relaunches with the caller's index addresses, not the copies
     src, lanes, lanes_p, paired = lanes_of(out, send.shape[-1] - D)
     dst = send.view(torch.int32) if paired else bits(send)
     cfg = pack_launch(B, H, lanes, H // h_per_rank, slab_fits(src, lanes, lanes_p, h_per_rank))

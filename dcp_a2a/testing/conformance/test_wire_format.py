@@ -157,6 +157,33 @@ def test_masking_follows_every_row_to_its_request(impl, device, dtype, batch):
                        masked_rows=masked)
 
 
+@pytest.mark.clause("masking")  # overrides the module's clause
+@pytest.mark.parametrize("batch", ["single_tokens", "many_requests"])
+def test_strided_index_tensors(impl, device, batch):
+    """seq_lens and query_start_loc as views with strides: a rank's column of a [requests, N]
+    table of local KV lengths (how a DCP engine holds them) and every other entry of a longer
+    tensor. They are read through their strides, or refused with an error naming them -- never
+    read as if contiguous (the neighbouring ranks' lengths would then mask the rows: an
+    evaluation shipped with that, sharding every position of a prompt)."""
+    query_lens, lens, padding = BATCHES[batch]
+    qsl, masked = _rows_by_request(query_lens, lens, padding)
+    n, h, d = 2, 2, 3
+    outs, lses = partials(1, len(masked), h, d, torch.bfloat16, seed=len(masked) + 1,
+                          device=device)
+    table = torch.tensor([[7, s, 0] for s in lens], dtype=torch.int32, device=device)
+    spread = torch.tensor([v for q in qsl for v in (q, -1)], dtype=torch.int32, device=device)
+    mask = dict(seq_lens=table[:, 1], query_start_loc=spread[::2])
+    assert not mask["seq_lens"].is_contiguous() and not mask["query_start_loc"].is_contiguous()
+    sent = []
+    if refused_instead(lambda: sent.append(_pack(impl, outs[0], lses[0], n, **mask)),
+                       r"seq_lens|query_start_loc|contiguous|strided|strides?\b"):
+        return
+    sent.append(_pack(impl, outs[0], lses[0], n, **mask))  # a repeated call (kept launches)
+    for send in sent:
+        _assert_wire_equal(send, expected_send(outs[0], lses[0], n, empty_rows=masked),
+                           masked_rows=masked)
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_non_contiguous_inputs(impl, device, dtype):
     """Strided out/lse (a head slice of a larger tensor, a transposed LSE) are read through
