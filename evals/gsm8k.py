@@ -42,7 +42,8 @@ from .distributed import PROCESS_GROUPS
 from .inputs import (ArgumentParser, HelpFormatter, MissingInput, check_device, check_out_dir,
                      comma_list, fail, positive_int, quiet_git, require_module)
 from .model import EVALS_EXTRA, add_model_arguments, dtype_arg, resolve_model
-from .records import FILTERS, paired, question_records  # noqa: F401  (paired: evals.pair's)
+from .records import (FILTERS, em_interval, paired,  # noqa: F401  (paired: evals.pair's)
+                      question_records)
 from .tasks.gsm8k_local.utils import ENV_VAR, SPLITS, resolve_dir
 
 PROG = "python -m dcp_a2a.evals.gsm8k"
@@ -134,9 +135,10 @@ def markdown(report: dict) -> str:
         lines += [f"- `{label}`: {src}" for label, src in report["sources"].items()] + [""]
     for f in FILTERS:
         lines += [f"## {f}", "",
-                  "| backend | EM ± stderr | answer agreement | right→wrong | wrong→right | "
-                  "McNemar p | identical generations | token prefix agreement | wall s |",
-                  "|---|---|---|---|---|---|---|---|---|"]
+                  "| backend | EM ± stderr | 95 % interval | answer agreement | right→wrong | "
+                  "wrong→right | McNemar p | identical generations | token prefix agreement | "
+                  "wall s |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
         for r in report["runs"]:
             em = r["em"][f]
             p = report["paired"].get(r["backend"])
@@ -149,7 +151,9 @@ def markdown(report: dict) -> str:
                          str(q["flips_wrong_to_right"]), f"{q['mcnemar_exact_p']:.3g}",
                          f"{p['identical_generations']:.3f}",
                          "n/a" if tpa is None else f"{tpa:.3f}"]
-            lines.append(f"| {r['backend']} | {em['em']:.3f} ± {em['stderr']:.3f} | "
+            lo, hi = em_interval(r.get("questions") or [], f)
+            ci = "n/a" if lo != lo else f"[{lo:.3f}, {hi:.3f}]"
+            lines.append(f"| {r['backend']} | {em['em']:.3f} ± {em['stderr']:.3f} | {ci} | "
                          + " | ".join(cells) + f" | {r['wall_s']:.0f} |")
         lines.append("")
     return "\n".join(lines)

@@ -40,6 +40,18 @@ def _hash_of(s: dict) -> str:
     return generation_hash(s["generation"]) if "generation" in s else s["generation_sha256"]
 
 
+def em_interval(records: list[dict], f: str, confidence: float = 0.95) -> tuple[float, float]:
+    """The Wilson score interval of the exact-match rate under filter ``f`` of a run's records
+    (scipy.stats.binomtest's proportion_ci): (low, high); NaNs for no records."""
+    from scipy.stats import binomtest
+
+    if not records:
+        return float("nan"), float("nan")
+    right = sum(int(r[f]["correct"] > 0) for r in records)
+    ci = binomtest(right, len(records)).proportion_ci(confidence, method="wilson")
+    return ci.low, ci.high
+
+
 def paired(base: dict, other: dict, tokenizer=None) -> dict:
     """Per-question paired statistics of ``other`` against ``base`` on their common doc ids.
 

@@ -57,7 +57,9 @@ def test_runs_made_apart_pair_like_one_run(tmp_path):
         assert (p[f]["flips_right_to_wrong"], p[f]["flips_wrong_to_right"]) == (3, 0)
         assert p[f]["mcnemar_exact_p"] == pytest.approx(0.25)  # 2 x (1/2)^3, two-sided
     md = pair.markdown(report)
-    assert f"- `{labels[1]}`: {other}" in md and f"| {labels[1]} | 0.167 ± 0.100 | 0.500 |" in md
+    # [0.030, 0.564]: the Wilson 95 % interval of 1 right in 6, worked by hand
+    assert f"- `{labels[1]}`: {other}" in md
+    assert f"| {labels[1]} | 0.167 ± 0.100 | [0.030, 0.564] | 0.500 |" in md
 
 
 def test_a_colon_picks_one_backend_and_repeats_are_told_apart(tmp_path):
@@ -137,7 +139,7 @@ def test_pairing_from_the_kept_records_alone(tmp_path):
     assert {k: v for k, v in got.items() if k != "token_prefix_agreement"} == \
         {k: v for k, v in want.items() if k != "token_prefix_agreement"}
     assert got["identical_generations"] == pytest.approx(4 / 6)  # from the hashes
-    assert f"| {label} | 0.167 ± 0.100 | 0.500 | 3 | 0 | 0.25 | 0.667 | n/a |" \
+    assert f"| {label} | 0.167 ± 0.100 | [0.030, 0.564] | 0.500 | 3 | 0 | 0.25 | 0.667 | n/a |" \
         in pair.markdown(apart)
     # the paired report keeps every run's records and settings: it pairs again
     report = tmp_path / "paired.json"
@@ -161,7 +163,8 @@ def test_the_command_pairs_records_without_the_model(tmp_path, monkeypatch, caps
     assert report["paired"]["packed"]["identical_generations"] == 0.5
     assert report["paired"]["packed"]["strict-match"]["flips_wrong_to_right"] == 1
     out = capsys.readouterr().out
-    assert "| packed | 1.000 ± 0.100 | 0.500 | 0 | 1 | 1 | 0.500 | n/a |" in out
+    # [0.342, 1.000]: Wilson's 95 % interval of 2 right in 2
+    assert "| packed | 1.000 ± 0.100 | [0.342, 1.000] | 0.500 | 0 | 1 | 1 | 0.500 | n/a |" in out
 
 
 def test_a_results_file_without_records_is_refused_in_one_line(tmp_path, capsys):
