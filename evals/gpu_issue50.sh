@@ -18,26 +18,39 @@
 # ag_rs, decode-step timings (bench_step --legacy, alone), logit parity, 2 torchrun ranks over
 # gloo. Every GSM8K run is the full test set (--limit 1319, batch 256, float32 128, N = 4,
 # base e, 256 new tokens): nothing is shrunk. The jobs run in their own sessions while the
-# machine is held.
+# machine is held. ISSUE50_JOBS="NAME ..." (given to join) queues only those jobs, in the
+# order above (a later session's remainder).
+#
+# Everything runs from a copy of the checkout made by start (/tmp/snap, installed in place of
+# it): every device call rewrites the checkout with the caller's tree, and tests importing
+# from a tree being rewritten fail to import (2026-12-06: gpu-check's unit tier, 7 errors).
 set -uo pipefail
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 \
     NVSHMEM_DISABLE_NVLS=1 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 M=qwen2.5-coder-1.5b
 OUT=${OUT:?run this on the device machine: \$OUT is its result folder}
 RES=/tmp/res
+SNAP=/tmp/snap
+LIVE=$PWD
 WAIT_S=${WAIT_S:-570}
-export DCP_A2A_GSM8K_DIR=$PWD/.gpurun/gsm8k
+export DCP_A2A_GSM8K_DIR=$SNAP/.gpurun/gsm8k
 G="python3 -m dcp_a2a.evals.gsm8k --model $M --limit 1319 --dcp-size 4"
 mkdir -p "$RES"
 
-setup() {  # carried wheels (lm-eval, gguf, what they need) once, then this checkout
+setup() {  # carried wheels (lm-eval, gguf, what they need) once, then the checkout's copy
     if [ -d .whl ] && [ ! -e /tmp/site/.installed ]; then
         python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
             --target /tmp/site .whl/*.whl && touch /tmp/site/.installed || exit 1
     fi
     export PYTHONPATH=/tmp/site
-    python3 -c "import dcp_a2a.evals" 2>/dev/null \
-        || python3 -m pip install -q --no-build-isolation --no-deps -e . || exit 1
+    if [ ! -e "$SNAP/.installed" ]; then
+        rm -rf "$SNAP" && mkdir -p "$SNAP" \
+            && tar -c --exclude=./.gpurun/parts --exclude=./.whl --exclude=./.venv . \
+                | tar -x -C "$SNAP" \
+            && (cd "$SNAP" && python3 -m pip install -q --no-build-isolation --no-deps -e .) \
+            && touch "$SNAP/.installed" || exit 1
+    fi
+    cd "$SNAP" || exit 1
 }
 
 bg() {  # bg NAME COMMAND...: a job in its own session (it outlives the call), log in $RES
@@ -52,12 +65,14 @@ jobs_file() {  # one line a job: NAME GiB COMMAND (what gpu_queue runs, in this 
     # (float32 at 256 would need ~90 GiB), each rank of the torchrun job ~35 GiB
     local b="$G --batch-size 256 --dtype bfloat16 --backends" f="$G --batch-size 128"
     f="$f --dtype float32 --backends"
-    echo "bf16-reference 44 $b reference --out $RES/g-bfloat16-reference"
-    echo "bf16-packed 44 $b packed --out $RES/g-bfloat16-packed"
-    echo "fp32-reference 48 $f reference --out $RES/g-float32-reference"
-    echo "fp32-packed 48 $f packed --out $RES/g-float32-packed"
-    echo "bf16-two_collective 44 $b two_collective --out $RES/g-bfloat16-two_collective"
-    echo "bf16-ag_rs 44 $b ag_rs --out $RES/g-bfloat16-ag_rs"
+    # measured on one H100 (2026-12-06, nvidia-smi every 5 s, one job at a time): 45.9 GiB a
+    # bf16 run, 49.6 GiB a float32 run
+    echo "bf16-reference 47 $b reference --out $RES/g-bfloat16-reference"
+    echo "bf16-packed 47 $b packed --out $RES/g-bfloat16-packed"
+    echo "fp32-reference 51 $f reference --out $RES/g-float32-reference"
+    echo "fp32-packed 51 $f packed --out $RES/g-float32-packed"
+    echo "bf16-two_collective 47 $b two_collective --out $RES/g-bfloat16-two_collective"
+    echo "bf16-ag_rs 47 $b ag_rs --out $RES/g-bfloat16-ag_rs"
     echo "check 999 python3 -m dcp_a2a.evals.bench_step --model $M --dtype bfloat16" \
         "--batch-size 256 --context 900 --steps 16 --rounds 2 --legacy --profile 2" \
         "--out $RES/bench_bf16"
@@ -79,9 +94,13 @@ start)
         "python3 docs/perf_data/eager_profile.py $RES/eager_profile.json --calls 1000" ;;
 join)
     setup
-    python3 -m dcp_a2a.evals.prepare --model $M --join .gpurun/parts || exit
+    python3 -m dcp_a2a.evals.prepare --model $M --join "$LIVE/.gpurun/parts" || exit
     if [ ! -e "$RES/jobs" ]; then
-        jobs_file >"$RES/jobs"
+        if [ -n "${ISSUE50_JOBS:-}" ]; then
+            jobs_file | awk -v keep=" $ISSUE50_JOBS " 'index(keep, " " $1 " ")' >"$RES/jobs"
+        else
+            jobs_file >"$RES/jobs"
+        fi
         # the float32 copy (evals/dequantised.py: every job then loads in seconds) is made on
         # the CPU while the checks finish; without it the jobs read the GGUF, as before
         bg queue "python3 -m dcp_a2a.evals.prepare --model $M --dequantise;" \
