@@ -264,8 +264,50 @@ def exit_status(steps: list[Step]) -> int:
     return 0 if all(s.status in ("passed", "skipped") for s in steps) else 1
 
 
-def summary(steps: list[Step], machine: str, wall_s: float | None = None) -> str:
-    """The summary of ``steps`` (in :data:`STEPS` order); ``wall_s``: the check's wall time."""
+# GPU memory that other processes hold before the steps start (or after they end) above which
+# the summary says the card was shared: a CUDA context is ~0.5 GiB, a GSM8K job ~46 GiB.
+SHARED_GIB = 2.0
+
+
+def gpu_memory_in_use(query=None) -> list[tuple[int, float, float]]:
+    """[(GPU index, GiB in use, GiB in all)] from nvidia-smi ([] where it cannot tell).
+    ``query``: a stand-in for the nvidia-smi call (tests), returning its CSV text."""
+    try:
+        text = query() if query else subprocess.run(
+            ["nvidia-smi", "--query-gpu=index,memory.used,memory.total",
+             "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=30,
+            check=True).stdout
+        rows = [[float(x) for x in line.split(",")] for line in text.splitlines() if line.strip()]
+        found = [(int(i), used / 1024, total / 1024) for i, used, total in rows]
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return []
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+    if visible and all(v.strip().isdigit() for v in visible.split(",")):  # else: all of them
+        found = [g for g in found if str(g[0]) in {v.strip() for v in visible.split(",")}]
+    return found
+
+
+def shared_note(*samples: list[tuple[int, float, float]]) -> str:
+    """A line for the summary when another process held more than :data:`SHARED_GIB` of a
+    GPU in any of ``samples`` (taken while gpu-check held none): its out-of-memory failures
+    may be the neighbour's. Empty otherwise."""
+    worst: dict[int, tuple[float, float]] = {}
+    for sample in samples:
+        for i, used, total in sample:
+            if used > SHARED_GIB and used > worst.get(i, (0.0, 0.0))[0]:
+                worst[i] = (used, total)
+    if not worst:
+        return ""
+    held = ", ".join(f"GPU {i}: {u:.1f} of {t:.1f} GiB" for i, (u, t) in sorted(worst.items()))
+    return (f"note: the card was shared ({held} held by other processes before or after the "
+            "steps): an out-of-memory failure may be theirs; run gpu-check alone on the card "
+            "for a verdict")
+
+
+def summary(steps: list[Step], machine: str, wall_s: float | None = None,
+            note: str = "") -> str:
+    """The summary of ``steps`` (in :data:`STEPS` order); ``wall_s``: the check's wall time;
+    ``note``: a line printed above the verdict (:func:`shared_note`)."""
     w = max(len(s.name) for s in steps)
     lines = [f"dcp-a2a gpu-check on {machine}", ""]
     for s in steps:
@@ -281,6 +323,7 @@ def summary(steps: list[Step], machine: str, wall_s: float | None = None) -> str
     verdict = {0: "PASS", 1: "FAIL", 5: "NOTHING CHECKED"}[exit_status(steps)]
     if skipped and len(skipped) < len(steps):
         verdict += f" (of the steps run; skipped: {', '.join(skipped)})"
+    lines += ["", note] if note else []
     lines += ["", "gpu-check: " + verdict]
     return "\n".join(lines)
 
@@ -340,11 +383,13 @@ def main(args) -> int:
            "accuracy": lambda: accuracy_step(out, gpus, env),
            "bench": lambda: bench_step(out, env)}
     t0 = time.monotonic()
+    before = gpu_memory_in_use()  # this process holds no CUDA context yet
     done = run_schedule(run, skip)
     steps = [done[name] for name in STEPS]
+    note = shared_note(before, gpu_memory_in_use())
     machine = (f"{gpus} x {torch.cuda.get_device_name(0)}, torch {torch.__version__}, "
                f"triton {__import__('triton').__version__}")
-    text = summary(steps, machine, time.monotonic() - t0)
+    text = summary(steps, machine, time.monotonic() - t0, note)
     (out / "gpu-check.md").write_text("```\n" + text + "\n```\n")
     print("\n" + text, flush=True)
     return exit_status(steps)

@@ -166,3 +166,24 @@ def test_selfcheck_and_accuracy_overlap_the_bench_runs_alone():
     run["selfcheck"] = step("selfcheck")
     done = gpucheck.run_schedule(run, {"accuracy"})  # the self-check then runs alone
     assert done["accuracy"].status == "skipped" and "accuracy" not in spans
+
+
+def test_a_shared_card_is_named_above_the_verdict(monkeypatch):
+    """Another process holding GPU memory (a GSM8K job beside gpu-check ran its large-batch
+    tests out of memory, 2026-12-06) is said above the verdict, which it never changes."""
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    smi = "0, 46995, 81559\n1, 310, 81559\n"
+    sample = gpucheck.gpu_memory_in_use(lambda: smi)
+    assert [(i, round(u, 1), round(t, 1)) for i, u, t in sample] == [(0, 45.9, 79.6),
+                                                                      (1, 0.3, 79.6)]
+    note = gpucheck.shared_note(sample, [(0, 1.0, 79.6)])
+    assert note.startswith("note: the card was shared (GPU 0: 45.9 of 79.6 GiB held")
+    assert "GPU 1" not in note and gpucheck.shared_note([(0, 0.5, 79.6)], []) == ""
+    failed = [gpucheck.Step("validate", status="failed")]
+    text = gpucheck.summary(failed, "m", note=note)
+    assert note in text and text.endswith("gpu-check: FAIL")
+    assert gpucheck.summary([gpucheck.Step("bench", status="passed")], "m",
+                            note=note).endswith("gpu-check: PASS")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    assert [i for i, _, _ in gpucheck.gpu_memory_in_use(lambda: smi)] == [1]
+    assert gpucheck.gpu_memory_in_use(lambda: "no GPU here") == []
