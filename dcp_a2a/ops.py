@@ -132,7 +132,11 @@ def pack_send(out, lse, send, world_size, h_per_rank, head_dim, lse_pack_dim,
                 return
         elif site(po, pl, ps, seq_lens.data_ptr(), query_start_loc.data_ptr()):
             return
-    _pack.pack(out, lse, send, kept.hpr, seq_lens, query_start_loc)
+    # kept without a Site (its first launch could not be bound: a hook, a stand-in): bind now
+    bound = _pack.pack(out, lse, send, kept.hpr, seq_lens, query_start_loc,
+                       with_site=site is None)
+    if bound is not None:
+        kept.site = bound
 
 
 def _pack_checked(out, lse, send, world_size, h_per_rank, head_dim, lse_pack_dim,
@@ -211,11 +215,18 @@ def _unpack_checked(recv, head_dim, lse_pack_dim, return_lse, is_lse_base_on_e, 
             raise ValueError("recv must hold at least one peer slice (N >= 1)")
         if B and hpr:
             require_runnable_device(recv)
-    if key is None or not fresh:  # nothing to keep, or kept already (without a Site)
+    if key is None:  # nothing to keep (a tensor subclass)
         return _combine.combine_packed(recv, head_dim, return_lse, is_lse_base_on_e)
     res, site = _combine.combine_packed(recv, head_dim, return_lse, is_lse_base_on_e,
                                         with_site=True)
     out, lse = res if return_lse else (res, res)
+    if not fresh:
+        # kept without a Site: its first launch could not be bound (a launch hook was on, a
+        # stand-in held the kernel's name); this one may be -- else the key stayed on the
+        # slow path for good (issue 47's eager probe, 2026-12-06: 28 us a call, not 12.6)
+        if site is not None and (out.data_ptr() & 15, lse.data_ptr() & 15) == kept.aligns:
+            kept.site = site
+        return res
     kept = _Kept(site)
     kept.out_shape, kept.lse_shape = out.shape, lse.shape
     kept.dtype, kept.device = out.dtype, out.device

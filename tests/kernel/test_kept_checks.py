@@ -201,3 +201,55 @@ def test_a_tensor_subclass_is_merged_unkept(device, return_lse):
         pairs = zip(got, want) if return_lse else [(got, want)]
         assert all(type(a) is torch.Tensor and torch.equal(bits_view(a), bits_view(b))
                    for a, b in pairs)
+
+
+class _StandInSite:
+    """A Site that launches nothing and counts its calls (what ops does with a kept Site)."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def __call__(self, *addresses):
+        self.calls += 1
+        return True
+
+
+def test_a_key_kept_without_a_site_is_bound_when_it_can_be(monkeypatch):
+    """A key whose first launch could not be bound (a launch hook on, a stand-in under the
+    kernel's name: the eager probe's first call) gets its Site at a later call instead of
+    staying on the slow path for good (28 us an eager unpack on an H100, not 12.6)."""
+    from dcp_a2a.kernels import combine as _combine
+    from dcp_a2a.kernels import pack as _pack
+
+    sites, bindable = [], [False]
+
+    def site_if_bindable(with_site):
+        if with_site and bindable[0]:
+            sites.append(_StandInSite())
+            return sites[-1]
+        return None
+
+    real_pack, real_combine = _pack.pack, _combine.combine_packed
+
+    def pack(*a, with_site=False, **k):  # launches (the interpreter's), returns the Site
+        real_pack(*a, **k)
+        return site_if_bindable(with_site)
+
+    def combine_packed(*a, with_site=False, **k):
+        res = real_combine(*a, **k)
+        return (res, site_if_bindable(with_site)) if with_site else res
+
+    monkeypatch.setattr(_combine, "combine_packed", combine_packed)
+    monkeypatch.setattr(_pack, "pack", pack)
+    (out, lse, send, *rest), _ = _pack_good("cpu")
+    for _ in range(2):  # kept, with no Site to launch
+        dcp_a2a.pack_send(out, lse, send, *rest)
+        dcp_a2a.unpack_combine(send, D, P, False, True)
+    assert not sites
+    bindable[0] = True
+    dcp_a2a.pack_send(out, lse, send, *rest)
+    dcp_a2a.unpack_combine(send, D, P, False, True)
+    assert len(sites) == 2 and [s.calls for s in sites] == [0, 0]
+    dcp_a2a.pack_send(out, lse, send, *rest)
+    dcp_a2a.unpack_combine(send, D, P, False, True)
+    assert len(sites) == 2 and [s.calls for s in sites] == [1, 1]  # the kept Sites launched
