@@ -33,3 +33,33 @@ def test_kernel_and_reference_mask_the_same_rows_on_any_query_start_loc(device, 
     assert torch.equal(torch.isinf(sent).all(dim=1) & (sent < 0).all(dim=1), masked), (qsl, seq_lens)
     assert torch.equal(sent[~masked], lse[~masked])
     assert bool((sent[masked] == -math.inf).all())
+
+
+@pytest.mark.parametrize("backend", ["packed", "two_collective", "ag_rs"])
+def test_every_backend_reads_index_tensors_through_their_strides(device, backend):
+    """Each rank's seq_lens a column of one [requests, N] table and query_start_loc every other
+    entry of a longer tensor (views with strides): every backend's lse_reduce gives the bits it
+    gives for contiguous copies. The pack, the LSE-to-wire step of two_collective and ag_rs, and
+    a second call of each (kept launches) read them; ag_rs once read them as if contiguous."""
+    from dcp_a2a.inprocess import lse_reduce_in_process
+
+    g = torch.Generator().manual_seed(3)
+    n, b, h, d = 3, 7, 6, 8
+    qsl = torch.tensor([0, 2, 3, 3, 6], dtype=torch.int32)  # row 6: padding
+    table = torch.randint(0, 3, (4, n + 1), generator=g, dtype=torch.int32)
+    table[1, :n] = torch.tensor([0, 2, 0], dtype=torch.int32)
+    outs = [torch.randn(b, h, d, generator=g).to(device) for _ in range(n)]
+    lses = [(torch.randn(b, h, generator=g) * 3).to(device) for _ in range(n)]
+    spread = torch.stack([qsl, torch.full_like(qsl, 99)], dim=1).reshape(-1).to(device)
+    strided = dict(seq_lens=[table.to(device)[:, r] for r in range(n)],
+                   query_start_loc=spread[::2])
+    assert not strided["seq_lens"][0].is_contiguous()
+    assert not strided["query_start_loc"].is_contiguous()
+    plain = dict(seq_lens=[s.contiguous() for s in strided["seq_lens"]],
+                 query_start_loc=strided["query_start_loc"].contiguous())
+    want = lse_reduce_in_process(outs, lses, return_lse=True, backend=backend, **plain)
+    for _ in range(2):
+        got = lse_reduce_in_process(outs, lses, return_lse=True, backend=backend, **strided)
+        for (o, s), (wo, ws) in zip(got, want):
+            assert torch.equal(o.view(torch.int32), wo.view(torch.int32))
+            assert torch.equal(s.view(torch.int32), ws.view(torch.int32))
