@@ -1,6 +1,7 @@
 """query_start_loc must be non-decreasing (a precondition: checking it would cost a host sync
 on the decode path). On any other input the pack kernel and the reference run the same binary
-search, so they still mask the same rows."""
+search, so they still mask the same rows. And index tensors with strides are read through
+them, by every backend."""
 
 from __future__ import annotations
 
