@@ -281,9 +281,9 @@ def gpu_memory_in_use(query=None) -> list[tuple[int, float, float]]:
         found = [(int(i), used / 1024, total / 1024) for i, used, total in rows]
     except (OSError, subprocess.SubprocessError, ValueError):
         return []
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
-    if visible and all(v.strip().isdigit() for v in visible.split(",")):  # else: all of them
-        found = [g for g in found if str(g[0]) in {v.strip() for v in visible.split(",")}]
+    visible = {v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")}
+    if all(v.isdigit() for v in visible):  # indices (unset, empty or UUIDs: every GPU)
+        found = [g for g in found if str(g[0]) in visible]
     return found
 
 
