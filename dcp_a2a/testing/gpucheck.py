@@ -304,10 +304,48 @@ def shared_note(*samples: list[tuple[int, float, float]]) -> str:
             "for a verdict")
 
 
+def code_roots() -> list[Path]:
+    """What the steps import and collect: the package (with the reference and the evals,
+    which the checkout maps into it), and in a checkout its tests and tolerances.yaml."""
+    from importlib.util import find_spec
+
+    from .validate import REPO_ROOT
+
+    roots = [Path(find_spec(name).origin).parent
+             for name in ("dcp_a2a", "dcp_a2a.reference", "dcp_a2a.evals") if find_spec(name)]
+    if (REPO_ROOT / "tests" / "conftest.py").is_file():
+        roots += [REPO_ROOT / "tests", REPO_ROOT / "tolerances.yaml"]
+    return roots
+
+
+def code_fingerprint(roots: list[Path]) -> dict[str, tuple[int, int]]:
+    """{path: (size, mtime in ns)} of every .py and .yaml file under ``roots`` (directories or
+    files; caches left out)."""
+    seen = {}
+    for root in roots:
+        files = [root] if root.is_file() else sorted(root.rglob("*")) if root.is_dir() else []
+        for f in files:
+            if f.suffix in (".py", ".yaml") and "__pycache__" not in f.parts and f.is_file():
+                st = f.stat()
+                seen[str(f)] = (st.st_size, st.st_mtime_ns)
+    return seen
+
+
+def changed_note(before: dict, after: dict) -> str:
+    """A line for the summary when files of the code under test changed while the steps ran
+    (an editor, a checkout, a copy into the tree): their verdict is of no one version."""
+    changed = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
+    if not changed:
+        return ""
+    return (f"note: {len(changed)} file(s) of the code under test changed during the run (first: "
+            f"{changed[0]}): the steps may have judged a mix of versions; run gpu-check again on "
+            "a tree that nothing writes to")
+
+
 def summary(steps: list[Step], machine: str, wall_s: float | None = None,
             note: str = "") -> str:
     """The summary of ``steps`` (in :data:`STEPS` order); ``wall_s``: the check's wall time;
-    ``note``: a line printed above the verdict (:func:`shared_note`)."""
+    ``note``: lines printed above the verdict (:func:`shared_note`, :func:`changed_note`)."""
     w = max(len(s.name) for s in steps)
     lines = [f"dcp-a2a gpu-check on {machine}", ""]
     for s in steps:
@@ -384,9 +422,12 @@ def main(args) -> int:
            "bench": lambda: bench_step(out, env)}
     t0 = time.monotonic()
     before = gpu_memory_in_use()  # this process holds no CUDA context yet
+    roots = code_roots()
+    code = code_fingerprint(roots)
     done = run_schedule(run, skip)
     steps = [done[name] for name in STEPS]
-    note = shared_note(before, gpu_memory_in_use())
+    note = "\n".join(n for n in (shared_note(before, gpu_memory_in_use()),
+                                  changed_note(code, code_fingerprint(roots))) if n)
     machine = (f"{gpus} x {torch.cuda.get_device_name(0)}, torch {torch.__version__}, "
                f"triton {__import__('triton').__version__}")
     text = summary(steps, machine, time.monotonic() - t0, note)

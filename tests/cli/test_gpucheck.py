@@ -187,3 +187,38 @@ def test_a_shared_card_is_named_above_the_verdict(monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
     assert [i for i, _, _ in gpucheck.gpu_memory_in_use(lambda: smi)] == [1]
     assert gpucheck.gpu_memory_in_use(lambda: "no GPU here") == []
+
+
+def test_code_changed_during_the_run_is_said_above_the_verdict(tmp_path):
+    """Files of the code under test rewritten while the steps ran (2026-12-06: the device tool
+    copied the caller's tree over the checkout under gpu-check, and 7 unit tests failed to
+    import a file it was rewriting) are named above the verdict; caches and other files are
+    not code."""
+    pkg = tmp_path / "pkg"
+    (pkg / "__pycache__").mkdir(parents=True)
+    (pkg / "a.py").write_text("x = 1\n")
+    (pkg / "t.yaml").write_text("k: 1\n")
+    (pkg / "notes.md").write_text("text\n")
+    before = gpucheck.code_fingerprint([pkg, tmp_path / "gone.yaml"])
+    assert sorted(Path(p).name for p in before) == ["a.py", "t.yaml"]
+    (pkg / "__pycache__" / "a.cpython-311.pyc").write_bytes(b"\0")
+    (pkg / "notes.md").write_text("more text\n")
+    assert gpucheck.changed_note(before, gpucheck.code_fingerprint([pkg])) == ""
+    (pkg / "a.py").write_text("x = 22\n")
+    (pkg / "b.py").write_text("y = 1\n")
+    note = gpucheck.changed_note(before, gpucheck.code_fingerprint([pkg]))
+    assert note.startswith("note: 2 file(s) of the code under test changed during the run "
+                           f"(first: {pkg / 'a.py'})")
+    text = gpucheck.summary([gpucheck.Step("bench", status="passed")], "m", note=note)
+    assert note in text and text.endswith("gpu-check: PASS")
+
+
+def test_the_code_roots_are_what_the_steps_import():
+    import dcp_a2a
+    import dcp_a2a.reference
+
+    roots = gpucheck.code_roots()
+    assert Path(dcp_a2a.__file__).parent in roots
+    assert Path(dcp_a2a.reference.__file__).parent in roots
+    fp = gpucheck.code_fingerprint(roots)
+    assert str(Path(gpucheck.__file__)) in fp
