@@ -19,7 +19,7 @@
 # gloo. Every GSM8K run is the full test set (--limit 1319, batch 256, float32 128, N = 4,
 # base e, 256 new tokens): nothing is shrunk. The jobs run in their own sessions while the
 # machine is held. ISSUE50_JOBS="NAME ..." (given to join) queues only those jobs, in the
-# order above (a later session's remainder).
+# order given (a later session's remainder).
 #
 # Everything runs from a copy of the checkout made by start (/tmp/snap, installed in place of
 # it): every device call rewrites the checkout with the caller's tree, and tests importing
@@ -97,7 +97,8 @@ join)
     python3 -m dcp_a2a.evals.prepare --model $M --join "$LIVE/.gpurun/parts" || exit
     if [ ! -e "$RES/jobs" ]; then
         if [ -n "${ISSUE50_JOBS:-}" ]; then
-            jobs_file | awk -v keep=" $ISSUE50_JOBS " 'index(keep, " " $1 " ")' >"$RES/jobs"
+            for name in $ISSUE50_JOBS; do jobs_file | awk -v n="$name" '$1 == n'; done \
+                >"$RES/jobs"
         else
             jobs_file >"$RES/jobs"
         fi
