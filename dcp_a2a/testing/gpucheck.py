@@ -311,8 +311,8 @@ def code_roots() -> list[Path]:
 
     from .validate import REPO_ROOT
 
-    roots = [Path(find_spec(name).origin).parent
-             for name in ("dcp_a2a", "dcp_a2a.reference", "dcp_a2a.evals") if find_spec(name)]
+    specs = (find_spec(name) for name in ("dcp_a2a", "dcp_a2a.reference", "dcp_a2a.evals"))
+    roots = [Path(spec.origin).parent for spec in specs if spec is not None]
     if (REPO_ROOT / "tests" / "conftest.py").is_file():
         roots += [REPO_ROOT / "tests", REPO_ROOT / "tolerances.yaml"]
     return roots
