@@ -88,7 +88,8 @@ start)
     setup
     nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv
     bg gpumem "nvidia-smi --query-gpu=timestamp,memory.used,utilization.gpu --format=csv -l 5"
-    bg checks "python3 -m pytest tests/e2e/test_fast_path.py -q -p no:cacheprovider" \
+    bg checks "python3 -m pytest tests/e2e/test_fast_path.py tests/gpu/test_native_bf16.py -q" \
+        "-p no:cacheprovider" \
         ">$RES/bitcheck.log 2>&1; python3 -m dcp_a2a gpu-check --out $RES/gc;" \
         "python3 docs/perf_data/issue47_probe.py $RES/issue47_probe.json;" \
         "python3 docs/perf_data/eager_profile.py $RES/eager_profile.json --calls 1000" ;;

@@ -13,7 +13,9 @@ The launchers here trust their input: :func:`dcp_a2a.unpack_combine` and
 
 from __future__ import annotations
 
-from .. import _env  # noqa: F401  (sets TRITON_INTERPRET before the kernels are defined)
+import functools
+
+from .. import _env  # (sets TRITON_INTERPRET before the kernels are defined)
 
 import torch
 import triton
@@ -84,14 +86,27 @@ def _load_ranks(data_ptr, data_bits_ptr, src_row, d, md, s_dn, s_dd,
 @triton.jit
 def _merge_ranks(tiles, out_ptr, out_bits_ptr, scales, out_row, d, md,
                  N: tl.constexpr, IS_BF16: tl.constexpr, PAIRS: tl.constexpr,
-                 ROWS: tl.constexpr, BLOCK_D: tl.constexpr):
+                 ROWS: tl.constexpr, BLOCK_D: tl.constexpr, NATIVE_BF16: tl.constexpr):
     """Store sum_r scale_r * tiles[r], added in rank order 0..N-1 (the order merge_weights
-    sums the weights in)."""
+    sums the weights in).
+
+    A program of one row has one weight a rank: a branch on it (uniform over the program)
+    skips a zero-weight rank instead of a select on each of its lanes. The bits are those of
+    ``add_weighted``: skipping leaves acc where acc + 0 would, as acc, which starts at +0,
+    is never -0 (a sum rounded to nearest is -0 only if both terms are)."""
     acc = tl.zeros((ROWS, BLOCK_D), dtype=tl.float32)
     acc_hi = tl.zeros((ROWS, BLOCK_D), dtype=tl.float32)  # PAIRS only
     for r in tl.static_range(N):
         sc = scales[r][:, None]
-        if PAIRS:
+        if ROWS == 1:
+            if tl.max(scales[r], axis=0) > 0:
+                if PAIRS:
+                    lo, hi = split_pair_f32(tiles[r], IS_BF16)
+                    acc = acc + sc * lo
+                    acc_hi = acc_hi + sc * hi
+                else:
+                    acc = acc + sc * tiles[r]
+        elif PAIRS:
             lo, hi = split_pair_f32(tiles[r], IS_BF16)
             acc = add_weighted(acc, sc, lo)
             acc_hi = add_weighted(acc_hi, sc, hi)
@@ -99,9 +114,10 @@ def _merge_ranks(tiles, out_ptr, out_bits_ptr, scales, out_row, d, md,
             acc = add_weighted(acc, sc, tiles[r])
     offs_out = out_row[:, None] + d[None, :]
     if PAIRS:
-        tl.store(out_bits_ptr + offs_out, join_pair_from_f32(acc, acc_hi, IS_BF16), mask=md)
+        w = join_pair_from_f32(acc, acc_hi, IS_BF16, NATIVE_BF16)
+        tl.store(out_bits_ptr + offs_out, w, mask=md)
     else:
-        store_from_f32(out_ptr, out_bits_ptr, offs_out, acc, md, IS_BF16)
+        store_from_f32(out_ptr, out_bits_ptr, offs_out, acc, md, IS_BF16, NATIVE_BF16)
 
 
 @triton.jit
@@ -113,6 +129,7 @@ def combine_rows(
     RETURN_LSE: tl.constexpr, IS_BF16: tl.constexpr, PAIRS: tl.constexpr,
     BLOCK_B: tl.constexpr, BLOCK_H: tl.constexpr,
     BLOCK_D: tl.constexpr, STREAM: tl.constexpr, ONE_TILE: tl.constexpr, WIDE: tl.constexpr,
+    NATIVE_BF16: tl.constexpr,
 ):
     """out[b, h, :] = sum_r scale_r * data[r, b, h, :] for this program's rows (BLOCK_B tokens
     x BLOCK_H local heads, ``merge_math.program_rows``): the combine kernel (launched on the
@@ -122,7 +139,8 @@ def combine_rows(
     PAIRS: the data (and output) pointers are 32-bit words holding two 16-bit values, D and
     the strides count words, and a packed LSE is the word at index D (LSE_LANES == 1).
     ONE_TILE: the head fits one BLOCK_D tile (no loop over it); WIDE: index in int64 (some
-    offset may pass 2^31), else int32."""
+    offset may pass 2^31), else int32. NATIVE_BF16: round bf16 outputs with the GPU's
+    conversion instruction (the same bits, see merge_math; compiled, sm_80 or newer only)."""
     b, h, row_ok = program_rows(B, HPR, BLOCK_B, BLOCK_H, WIDE)
     src_row = b * s_db + h * s_dh
     out_row = (b * HPR + h) * D
@@ -140,7 +158,7 @@ def combine_rows(
                             N, IS_BF16, PAIRS, STREAM)
         scales, g = merge_weights(lses, N, BASE_E)
         _merge_ranks(tiles, out_ptr, out_bits_ptr, scales, out_row, d, md,
-                     N, IS_BF16, PAIRS, ROWS, BLOCK_D)
+                     N, IS_BF16, PAIRS, ROWS, BLOCK_D, NATIVE_BF16)
     else:
         scales, g = merge_weights(lses, N, BASE_E)
         for d0 in range(0, D, BLOCK_D):
@@ -149,7 +167,7 @@ def combine_rows(
             tiles = _load_ranks(data_ptr, data_bits_ptr, src_row, d, md, s_dn, s_dd,
                                 N, IS_BF16, PAIRS, STREAM)
             _merge_ranks(tiles, out_ptr, out_bits_ptr, scales, out_row, d, md,
-                         N, IS_BF16, PAIRS, ROWS, BLOCK_D)
+                         N, IS_BF16, PAIRS, ROWS, BLOCK_D, NATIVE_BF16)
     if RETURN_LSE:
         tl.store(lse_out_ptr + b * HPR + h, g, mask=row_ok)
 
@@ -192,13 +210,32 @@ def _scale_kernel(
 _PLANS: dict = {}
 
 
-def _combine_plan(cfg, N, B, hpr, lanes, lse_lanes, return_lse, is_lse_base_on_e, is_bf16,
+# Whether the compiled combine rounds bf16 outputs with the GPU's conversion instruction
+# (sm_80 and newer have it; the bits are those of the integer rounding, merge_math). The
+# benchmark turns it off to time the integer rounding beside it.
+USE_NATIVE_BF16 = True
+
+
+@functools.cache
+def _native_bf16_ok() -> bool:
+    """Every visible GPU has the sm_80 conversion (a plan does not depend on the device)."""
+    return all(torch.cuda.get_device_capability(i) >= (8, 0)
+               for i in range(torch.cuda.device_count()))
+
+
+def native_bf16(dtype) -> bool:
+    """Whether the combine's bf16 rounding is the GPU's instruction (compiled, sm_80+)."""
+    return (dtype == torch.bfloat16 and USE_NATIVE_BF16 and not _env.INTERPRET
+            and _native_bf16_ok())
+
+
+def _combine_plan(cfg, N, B, hpr, lanes, lse_lanes, return_lse, is_lse_base_on_e, dtype,
                   pairs, wide):
     return cfg.grid(B, hpr), dict(
         N=N, LSE_LANES=lse_lanes, BASE_E=is_lse_base_on_e, RETURN_LSE=return_lse,
-        IS_BF16=is_bf16, PAIRS=pairs, BLOCK_B=cfg.block_b, BLOCK_H=cfg.block_h,
+        IS_BF16=dtype == torch.bfloat16, PAIRS=pairs, BLOCK_B=cfg.block_b, BLOCK_H=cfg.block_h,
         BLOCK_D=cfg.block_d, STREAM=cfg.stream, ONE_TILE=cfg.block_d >= lanes, WIDE=wide,
-        num_warps=cfg.num_warps, **NO_CONTRACTION)
+        NATIVE_BF16=native_bf16(dtype), num_warps=cfg.num_warps, **NO_CONTRACTION)
 
 
 def combine_launch_args(data, lse, N, B, hpr, D, lse_lanes, return_lse, is_lse_base_on_e):
@@ -228,7 +265,7 @@ def combine_launch_args(data, lse, N, B, hpr, D, lse_lanes, return_lse, is_lse_b
         _PLANS, cfg, (N, B, hpr, lanes, lse_lanes, return_lse, is_lse_base_on_e, dtype,
                       words is not None, wide),
         lambda: _combine_plan(cfg, N, B, hpr, lanes, lse_lanes, return_lse, is_lse_base_on_e,
-                              dtype == torch.bfloat16, words is not None, wide))
+                              dtype, words is not None, wide))
     placeholder = lse_out if lse_out is not None else out
     args = (src, src_bits, lse if lse is not None else placeholder, out, out_bits, placeholder,
             B, hpr, lanes, *src.stride(), *(lse.stride() if lse is not None else (0, 0, 0)))

@@ -139,20 +139,36 @@ def add_weighted(acc, scale_n, x):
     return acc + weighted_term(scale_n, x)
 
 
-# bfloat16 conversions through integer bits. The compiled path would round correctly with a
-# plain ``.to(tl.bfloat16)``, but Triton's CPU interpreter truncates fp32 -> bf16; doing the
-# round-to-nearest-even by hand gives the same bits in both, which is what the CPU tier tests.
+# bfloat16 conversions through integer bits. Triton's CPU interpreter truncates fp32 -> bf16,
+# so the rounding to nearest, ties to even is written out in integer arithmetic: the CPU tier
+# then tests the bits a GPU gives. Compiled for sm_80 or newer a kernel may instead pass
+# ``NATIVE`` (its host decides, ``combine.native_bf16``): the hardware's conversion, which
+# rounds the same way, with a NaN then set to 0x7FC0 as here (the hardware writes its own
+# NaN); tests/gpu/test_native_bf16.py compares the two over every float32 bit pattern.
 @triton.jit
 def bf16_bits_to_f32(h):
     return (h.to(tl.int32) << 16).to(tl.float32, bitcast=True)
 
 
 @triton.jit
-def f32_to_bf16_bits(x):
+def f32_to_bf16_bits(x, NATIVE: tl.constexpr = False):
+    if NATIVE:
+        r = x.to(tl.bfloat16, fp_downcast_rounding="rtne").to(tl.int16, bitcast=True)
+        return tl.where(x != x, 0x7FC0, r).to(tl.int16)
     b = x.to(tl.int32, bitcast=True)
     r = (b + 0x7FFF + ((b >> 16) & 1)) >> 16  # round to nearest, ties to even (carry ok)
     r = tl.where(x != x, 0x7FC0, r)  # any NaN -> the quiet NaN
     return (r & 0xFFFF).to(tl.int16)
+
+
+@triton.jit
+def f32x2_to_bf16x2_native(lo, hi):
+    """Two float32 values rounded to bf16 (nearest, ties to even) in one 32-bit word, ``lo``
+    in the low half: one sm_80 conversion instruction, then any NaN half set to 0x7FC0."""
+    w = tl.inline_asm_elementwise("cvt.rn.bf16x2.f32 $0, $1, $2;", "=r,f,f", [hi, lo],
+                                  dtype=tl.int32, is_pure=True, pack=1)
+    w = tl.where(lo != lo, (w & -65536) | 0x7FC0, w)
+    return tl.where(hi != hi, (w & 0xFFFF) | 0x7FC00000, w)
 
 
 @triton.jit
@@ -165,10 +181,11 @@ def load_f32(ptr, bits_ptr, offs, mask, IS_BF16: tl.constexpr):
 
 
 @triton.jit
-def store_from_f32(ptr, bits_ptr, offs, y, mask, IS_BF16: tl.constexpr):
+def store_from_f32(ptr, bits_ptr, offs, y, mask, IS_BF16: tl.constexpr,
+                   NATIVE: tl.constexpr = False):
     """Round fp32 ``y`` to the element type of ``ptr`` (nearest-even) and store it."""
     if IS_BF16:
-        tl.store(bits_ptr + offs, f32_to_bf16_bits(y), mask=mask)
+        tl.store(bits_ptr + offs, f32_to_bf16_bits(y, NATIVE), mask=mask)
     else:
         tl.store(ptr + offs, y.to(ptr.dtype.element_ty), mask=mask)
 
@@ -188,11 +205,15 @@ def split_pair_f32(w, IS_BF16: tl.constexpr):
 
 
 @triton.jit
-def join_pair_from_f32(lo, hi, IS_BF16: tl.constexpr):
-    if IS_BF16:
-        lo_bits = f32_to_bf16_bits(lo)
-        hi_bits = f32_to_bf16_bits(hi)
+def join_pair_from_f32(lo, hi, IS_BF16: tl.constexpr, NATIVE: tl.constexpr = False):
+    if NATIVE:  # bf16 only
+        w = f32x2_to_bf16x2_native(lo, hi)
     else:
-        lo_bits = lo.to(tl.float16).to(tl.int16, bitcast=True)
-        hi_bits = hi.to(tl.float16).to(tl.int16, bitcast=True)
-    return (hi_bits.to(tl.int32) << 16) | (lo_bits.to(tl.int32) & 0xFFFF)
+        if IS_BF16:
+            lo_bits = f32_to_bf16_bits(lo)
+            hi_bits = f32_to_bf16_bits(hi)
+        else:
+            lo_bits = lo.to(tl.float16).to(tl.int16, bitcast=True)
+            hi_bits = hi.to(tl.float16).to(tl.int16, bitcast=True)
+        w = (hi_bits.to(tl.int32) << 16) | (lo_bits.to(tl.int32) & 0xFFFF)
+    return w

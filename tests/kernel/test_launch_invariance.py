@@ -133,9 +133,30 @@ def test_every_launch_gives_the_same_bits(device, base_e, case, n, dt, shape):
         _every_launch_gives_the_same_bits(device, base_e, case, n, dt, shape)
 
 
+def _with_identities(parts):
+    """The partials with the merge's identity in: in a fifth of the rows (a different fifth on
+    each rank) a rank's LSE is -inf and its output NaN or inf, and one row is -inf on every
+    rank. Every such weight is 0 and no NaN may get in, under any launch: a kernel whose
+    zero-weight guard differs between launches (a select a lane in one, a branch a program in
+    another) gives different bits here, where random partials alone cannot tell."""
+    out = []
+    for r, (o, lse) in enumerate(parts):
+        o, lse = o.clone(), lse.clone()
+        b = torch.arange(lse.shape[0], device=lse.device)[:, None]
+        h = torch.arange(lse.shape[1], device=lse.device)[None, :]
+        hole = (b + 2 * h + r) % 5 == 0
+        hole[-1, -1] = True
+        lse[hole] = float("-inf")
+        o[hole] = torch.where(torch.arange(o.shape[-1], device=o.device) % 2 == 0,
+                              float("nan"), float("inf")).to(o.dtype)
+        out.append((o, lse))
+    return out
+
+
 def _every_launch_gives_the_same_bits(device, base_e, case, n, dt, shape):
     dtype = DTYPES[dt]
-    parts = [rank_partial(7, case, r, shape, dtype, 4.0, device) for r in range(n)]
+    parts = _with_identities([rank_partial(7, case, r, shape, dtype, 4.0, device)
+                              for r in range(n)])
     outs, lses = [p[0] for p in parts], [p[1] for p in parts]
     first, checked = None, 0
     for cfg in _configs(outs[0], n):
