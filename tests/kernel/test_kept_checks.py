@@ -214,7 +214,7 @@ class _StandInSite:
         return True
 
 
-def test_a_key_kept_without_a_site_is_bound_when_it_can_be(monkeypatch):
+def test_a_key_kept_without_a_site_is_bound_when_it_can_be(monkeypatch, device):
     """A key whose first launch could not be bound (a launch hook on, a stand-in under the
     kernel's name: the eager probe's first call) gets its Site at a later call instead of
     staying on the slow path for good (28 us an eager unpack on an H100, not 12.6)."""
@@ -241,7 +241,7 @@ def test_a_key_kept_without_a_site_is_bound_when_it_can_be(monkeypatch):
 
     monkeypatch.setattr(_combine, "combine_packed", combine_packed)
     monkeypatch.setattr(_pack, "pack", pack)
-    (out, lse, send, *rest), _ = _pack_good("cpu")
+    (out, lse, send, *rest), _ = _pack_good(device)
     for _ in range(2):  # kept, with no Site to launch
         dcp_a2a.pack_send(out, lse, send, *rest)
         dcp_a2a.unpack_combine(send, D, P, False, True)
