@@ -88,25 +88,14 @@ def _merge_ranks(tiles, out_ptr, out_bits_ptr, scales, out_row, d, md,
                  N: tl.constexpr, IS_BF16: tl.constexpr, PAIRS: tl.constexpr,
                  ROWS: tl.constexpr, BLOCK_D: tl.constexpr, NATIVE_BF16: tl.constexpr):
     """Store sum_r scale_r * tiles[r], added in rank order 0..N-1 (the order merge_weights
-    sums the weights in).
-
-    A program of one row has one weight a rank: a branch on it (uniform over the program)
-    skips a zero-weight rank instead of a select on each of its lanes. The bits are those of
-    ``add_weighted``: skipping leaves acc where acc + 0 would, as acc, which starts at +0,
-    is never -0 (a sum rounded to nearest is -0 only if both terms are)."""
+    sums the weights in). (A branch a rank on a one-row program's weight, instead of the
+    select a lane in add_weighted, was 2-9 % slower at decode rows on an H100: issue 47's
+    probe, docs/perf.md.)"""
     acc = tl.zeros((ROWS, BLOCK_D), dtype=tl.float32)
     acc_hi = tl.zeros((ROWS, BLOCK_D), dtype=tl.float32)  # PAIRS only
     for r in tl.static_range(N):
         sc = scales[r][:, None]
-        if ROWS == 1:
-            if tl.max(scales[r], axis=0) > 0:
-                if PAIRS:
-                    lo, hi = split_pair_f32(tiles[r], IS_BF16)
-                    acc = acc + sc * lo
-                    acc_hi = acc_hi + sc * hi
-                else:
-                    acc = acc + sc * tiles[r]
-        elif PAIRS:
+        if PAIRS:
             lo, hi = split_pair_f32(tiles[r], IS_BF16)
             acc = add_weighted(acc, sc, lo)
             acc_hi = add_weighted(acc_hi, sc, hi)
