@@ -184,7 +184,17 @@ TABLE: dict[str, tuple[Rule, ...]] = {
     # engine design's time, 0.93-0.96 at 8); up to 512 rows about two lanes a thread (1 warp to
     # 64 lanes, 2 to 128, else 4); 1 warp up to 1k rows (0.83-0.98 of the engine design, where
     # 4 warps took 0.99-1.05); 2 warps up to 4k rows (0.78-0.91); 4 up to 16k rows.
-    "combine": (Rule(128, 512, 1, 8), Rule(256, 512, 1, 4, min_head_lanes=256),
+    # (sixteenth pass, issue 47: two probes on an H100 a session apart, 06c8cc4 and ed1da07,
+    # docs/perf.md) Heads of at most 128 lanes from 512 to 2048 rows two heads a program, 2
+    # warps (32 and 64 lanes) or 4 (128 lanes): 0.63-0.91 of the engine design's time at the
+    # 8 such rows of the issue's table against 0.78-0.96 for one head a program, the same in
+    # both probes within 0.01; heads of 256 lanes two a program only at 1024 rows of N = 4
+    # (0.944 twice, against 0.952 / 0.985), elsewhere no better or worse.
+    "combine": (Rule(128, 512, 1, 8),
+                Rule(2048, 512, 64, 2, min_rows=256, min_head_lanes=32, max_head_lanes=32),
+                Rule(2048, 512, 128, 2, min_rows=256, min_head_lanes=64, max_head_lanes=64),
+                Rule(2048, 512, 256, 4, min_rows=256, min_head_lanes=128, max_head_lanes=128),
+                Rule(256, 512, 1, 4, min_head_lanes=256),
                 Rule(256, 512, 1, 8),
                 Rule(512, 512, 1, 1, max_head_lanes=64), Rule(512, 512, 1, 2, max_head_lanes=128),
                 Rule(512, 512, 1, 4), Rule(1024, 512, 1, 1), Rule(4096, 512, 1, 2),
