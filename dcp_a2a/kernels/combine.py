@@ -200,9 +200,14 @@ _PLANS: dict = {}
 
 
 # Whether the compiled combine rounds bf16 outputs with the GPU's conversion instruction
-# (sm_80 and newer have it; the bits are those of the integer rounding, merge_math). The
-# benchmark turns it off to time the integer rounding beside it.
+# (sm_80 and newer have it; the bits are those of the integer rounding, merge_math), and up to
+# how many warps a program. Issue 47's probes on an H100 (docs/perf.md, sixteenth pass): with
+# 1 or 2 warps the native rounding took 0.91-1.00 of the integer rounding's time at the 9
+# such rows (B=64 H=128 N=8: 0.91), with 4 or 8 warps 1.02-1.08 at the 4 such rows (B=16 and
+# 32 H=128 N=8: 1.07 and 1.05 in one probe, 1.08 in the next for B=16). The benchmark turns
+# it off to time the integer rounding beside it.
 USE_NATIVE_BF16 = True
+NATIVE_BF16_MAX_WARPS = 2
 
 
 @functools.cache
@@ -212,10 +217,11 @@ def _native_bf16_ok() -> bool:
                for i in range(torch.cuda.device_count()))
 
 
-def native_bf16(dtype) -> bool:
-    """Whether the combine's bf16 rounding is the GPU's instruction (compiled, sm_80+)."""
+def native_bf16(dtype, num_warps: int = 1) -> bool:
+    """Whether a combine launch of ``num_warps`` warps rounds bf16 with the GPU's instruction
+    (compiled, sm_80+, at most NATIVE_BF16_MAX_WARPS warps)."""
     return (dtype == torch.bfloat16 and USE_NATIVE_BF16 and not _env.INTERPRET
-            and _native_bf16_ok())
+            and num_warps <= NATIVE_BF16_MAX_WARPS and _native_bf16_ok())
 
 
 def _combine_plan(cfg, N, B, hpr, lanes, lse_lanes, return_lse, is_lse_base_on_e, dtype,
@@ -224,7 +230,8 @@ def _combine_plan(cfg, N, B, hpr, lanes, lse_lanes, return_lse, is_lse_base_on_e
         N=N, LSE_LANES=lse_lanes, BASE_E=is_lse_base_on_e, RETURN_LSE=return_lse,
         IS_BF16=dtype == torch.bfloat16, PAIRS=pairs, BLOCK_B=cfg.block_b, BLOCK_H=cfg.block_h,
         BLOCK_D=cfg.block_d, STREAM=cfg.stream, ONE_TILE=cfg.block_d >= lanes, WIDE=wide,
-        NATIVE_BF16=native_bf16(dtype), num_warps=cfg.num_warps, **NO_CONTRACTION)
+        NATIVE_BF16=native_bf16(dtype, cfg.num_warps), num_warps=cfg.num_warps,
+        **NO_CONTRACTION)
 
 
 def combine_launch_args(data, lse, N, B, hpr, D, lse_lanes, return_lse, is_lse_base_on_e):

@@ -8,9 +8,13 @@
    kernel), the straightforward kernel, and candidate launches of our own kernel for the decode
    band (bench variants only: the table is not changed without this measurement): one
    (token, local head) a program, the whole head in one tile, 1, 2, 4 or 8 warps (those the
-   table does not already give), and the table's launch with the 16-bit lanes moved one by
-   one instead of paired into words ("elements"). Every candidate's output is checked bit for
-   bit against ours and the baselines' within 2^-6 before anything is timed. ``--rounds``
+   table does not already give), two heads a program at 1, 2 or 4 warps ("h2_w*", where the
+   table gives one), the table's launch with the 16-bit lanes moved one by one instead of
+   paired into words ("elements"), with the other bf16 rounding ("int_cvt": the integer one
+   where the table's launch rounds natively; "native_cvt" where it does not), and with
+   multiply-add contraction allowed ("fma": what bitwise determinism costs; not a candidate,
+   compared within 2^-6). Every candidate's output is checked bit for bit against ours and the
+   baselines' within 2^-6 before anything is timed. ``--rounds``
    interleaved rounds of CUDA-graph replays (``dcp_a2a.testing.bench.timed_rounds``), then per
    row the median of the per-round ratios ours / engine, its 95 % interval and verdict at 1.0
    (``bench.ratio_verdict``), and each candidate's median per-round ratio over the engine.
@@ -130,8 +134,11 @@ def variants_at(b, h, d, n, dtype_name, device):
     if lanes != d:
         v["elements"] = unpaired(ours)
     same = dataclasses.replace(table)  # the table's launch, a new object (plans built again)
-    if combine.native_bf16(getattr(torch, dtype_name)):
-        v["int_cvt"] = patched(ours, "USE_NATIVE_BF16", False, same)  # the integer rounding
+    dtype = getattr(torch, dtype_name)
+    if combine.native_bf16(dtype, table.num_warps):  # the other bf16 rounding, at this launch
+        v["int_cvt"] = patched(ours, "USE_NATIVE_BF16", False, same)
+    elif combine.native_bf16(dtype):
+        v["native_cvt"] = patched(ours, "NATIVE_BF16_MAX_WARPS", 1 << 10, same)
     # what bitwise determinism costs: the same launch with multiply-add contraction allowed
     # (not a candidate: packed and two_collective could then differ in the last bit)
     v["fma"] = patched(ours, "NO_CONTRACTION", {"enable_fp_fusion": True}, same)

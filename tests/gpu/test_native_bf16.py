@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from dcp_a2a.kernels import combine
+from dcp_a2a.kernels import combine, tuning
 from dcp_a2a.kernels.merge_math import f32_to_bf16_bits, f32x2_to_bf16x2_native, join_pair_from_f32
 
 pytestmark = [
@@ -62,13 +62,20 @@ def test_native_rounding_matches_the_integer_rounding_on_every_float32():
                        f"{f_pair & 0xFFFFFFFF:#010x}")
 
 
-def test_the_combine_takes_the_native_rounding_on_this_gpu():
-    """What the test above vouches for is what runs: the launch plan of a bf16 combine asks
-    for the native rounding here (sm_80+), and a float16 one never does."""
+def test_the_combine_takes_the_native_rounding_where_the_table_says():
+    """What the test above vouches for is what runs: a bf16 combine launch of at most
+    ``NATIVE_BF16_MAX_WARPS`` warps asks for the native rounding here (sm_80+), one of more
+    warps and a float16 one never do."""
     major, _ = torch.cuda.get_device_capability()
-    recv = torch.zeros((2, 3, 2, 8 + 2), dtype=torch.bfloat16, device="cuda")
-    _, _, kw, _, _ = combine.combine_launch_args(recv, None, 2, 3, 2, 8, 2, False, False)
-    assert kw["NATIVE_BF16"] is (major >= 8)
-    recv16 = recv.to(torch.float16)
-    _, _, kw16, _, _ = combine.combine_launch_args(recv16, None, 2, 3, 2, 8, 2, False, False)
-    assert kw16["NATIVE_BF16"] is False
+    seen = set()
+    for b in (1, 64, 128, 256):  # decode batches: launches of 1 to 8 warps at H/N = 16
+        recv = torch.zeros((8, b, 16, 512 + 2), dtype=torch.bfloat16, device="cuda")
+        cfg = tuning.combine_launch(8, b, 16, 256)
+        _, _, kw, _, _ = combine.combine_launch_args(recv, None, 8, b, 16, 512, 2, False, False)
+        few = cfg.num_warps <= combine.NATIVE_BF16_MAX_WARPS
+        assert kw["NATIVE_BF16"] is (major >= 8 and few), (b, cfg)
+        _, _, kw16, _, _ = combine.combine_launch_args(recv.to(torch.float16), None, 8, b, 16,
+                                                       512, 2, False, False)
+        assert kw16["NATIVE_BF16"] is False
+        seen.add(few)
+    assert seen == {True, False}  # both kinds of launch were checked
