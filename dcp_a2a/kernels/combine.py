@@ -201,11 +201,11 @@ _PLANS: dict = {}
 
 # Whether the compiled combine rounds bf16 outputs with the GPU's conversion instruction
 # (sm_80 and newer have it; the bits are those of the integer rounding, merge_math), and up to
-# how many warps a program. Issue 47's probes on an H100 (docs/perf.md, sixteenth pass): with
-# 1 or 2 warps the native rounding took 0.91-1.00 of the integer rounding's time at the 9
-# such rows (B=64 H=128 N=8: 0.91), with 4 or 8 warps 1.02-1.08 at the 4 such rows (B=16 and
-# 32 H=128 N=8: 1.07 and 1.05 in one probe, 1.08 in the next for B=16). The benchmark turns
-# it off to time the integer rounding beside it.
+# how many warps a program. Issue 47's two probes on an H100 (docs/perf.md, sixteenth pass):
+# with 1 or 2 warps the native rounding took 0.91-1.01 of the integer rounding's time at the
+# 9 such bf16 rows of one probe, 0.91-0.98 at the 5 of the next; with 4 or 8 warps 1.02-1.08
+# at the 4 such rows in both (B=16 and 32 H=128 N=8: 1.07-1.08 and 1.05; B=32 went above the
+# engine design). The benchmark turns it off to time the integer rounding beside it.
 USE_NATIVE_BF16 = True
 NATIVE_BF16_MAX_WARPS = 2
 
