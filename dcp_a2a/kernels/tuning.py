@@ -189,8 +189,12 @@ TABLE: dict[str, tuple[Rule, ...]] = {
     # warps (32 and 64 lanes) or 4 (128 lanes): 0.63-0.91 of the engine design's time at the
     # 8 such rows of the table against 0.78-0.96 for one head a program, the same in
     # both probes within 0.01; heads of 256 lanes two a program only at 1024 rows of N = 4
-    # (0.944 twice, against 0.952 / 0.985), elsewhere no better or worse.
+    # (0.944 twice, against 0.952 / 0.985), elsewhere no better or worse. With the native
+    # bf16 rounding (combine.NATIVE_BF16_MAX_WARPS), 256-lane heads from 256 to 512 rows one
+    # warp a head: B=32 H=128 N=8 0.910 / 0.911 of the engine design in both probes, where 4
+    # warps took 1.014 / 1.016 rounding natively and 0.967 / 0.966 by integers.
     "combine": (Rule(128, 512, 1, 8),
+                Rule(512, 512, 1, 1, min_rows=256, min_head_lanes=256, max_head_lanes=256),
                 Rule(2048, 512, 64, 2, min_rows=256, min_head_lanes=32, max_head_lanes=32),
                 Rule(2048, 512, 128, 2, min_rows=256, min_head_lanes=64, max_head_lanes=64),
                 Rule(2048, 512, 256, 4, min_rows=256, min_head_lanes=128, max_head_lanes=128),
