@@ -89,8 +89,8 @@ def _merge_ranks(tiles, out_ptr, out_bits_ptr, scales, out_row, d, md,
                  ROWS: tl.constexpr, BLOCK_D: tl.constexpr, NATIVE_BF16: tl.constexpr):
     """Store sum_r scale_r * tiles[r], added in rank order 0..N-1 (the order merge_weights
     sums the weights in). (A branch a rank on a one-row program's weight, instead of the
-    select a lane in add_weighted, was 2-9 % slower at decode rows on an H100: issue 47's
-    probe, docs/perf.md.)"""
+    select a lane in add_weighted, was 2-23 % slower, median 8 %, at issue 47's 17 rows on
+    an H100: docs/perf_history.md, sixteenth pass.)"""
     acc = tl.zeros((ROWS, BLOCK_D), dtype=tl.float32)
     acc_hi = tl.zeros((ROWS, BLOCK_D), dtype=tl.float32)  # PAIRS only
     for r in tl.static_range(N):
