@@ -19,13 +19,15 @@ import triton
 import triton.language as tl
 
 from dcp_a2a.kernels import combine, tuning
-from dcp_a2a.kernels.merge_math import f32_to_bf16_bits, f32x2_to_bf16x2_native, join_pair_from_f32
+from dcp_a2a.kernels.merge_math import (f32_to_bf16_bits, f32x2_to_bf16x2_native,
+                                        join_pair_from_f32)
 
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (the native "
                        "rounding exists only compiled; the CPU tier runs the integer one)"),
 ]
+
 
 @triton.jit
 def _compare_kernel(counts_ptr, first_ptr, BLOCK: tl.constexpr, MIX: tl.constexpr):
@@ -52,8 +54,7 @@ def test_native_rounding_matches_the_integer_rounding_on_every_float32():
     first = torch.full((2,), 1 << 40, dtype=torch.int64, device="cuda")
     block = 4096
     _compare_kernel[(2**32 // block,)](counts, first, BLOCK=block, MIX=0x9E3779B1 - 2**32,
-                                       num_warps=8,
-                                       enable_fp_fusion=False)
+                                       num_warps=8, enable_fp_fusion=False)
     single, pair = counts.tolist()
     f_single, f_pair = first.tolist()
     assert single == 0, (f"{single} float32 patterns rounded differently, the first "
