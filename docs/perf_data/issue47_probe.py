@@ -85,33 +85,25 @@ def with_launch(cfg, fn):
     return run
 
 
-def unpaired(fn):
-    """``fn`` with 16-bit lanes moved one by one (the launcher finds no word view)."""
-    def run():
-        saved = combine.as_words
-        combine.as_words = lambda t: None
-        ops.forget_calls()  # a kept problem would launch the paired kernel; keep none of this
-        try:
-            return fn()
-        finally:
-            combine.as_words = saved
-            ops.forget_calls()
-    return run
-
-
 def patched(fn, name, value, cfg=None):
-    """``fn`` with ``combine.<name>`` set to ``value`` (a new launch plan is built under an
-    override: ``cfg``, or the table's launch as a new object, so no kept plan is reused)."""
+    """``fn`` with ``combine.<name>`` set to ``value``, under the launch override ``cfg`` if
+    given (a new Launch object: the launch plan is built again, not reused). No problem is kept
+    meanwhile (a kept one would launch what it kept before the patch)."""
     def run():
         saved = getattr(combine, name)
         setattr(combine, name, value)
         ops.forget_calls()
         try:
-            return with_launch(cfg, fn)()
+            return (with_launch(cfg, fn) if cfg is not None else fn)()
         finally:
             setattr(combine, name, saved)
             ops.forget_calls()
     return run
+
+
+def unpaired(fn):
+    """``fn`` with 16-bit lanes moved one by one (the launcher finds no word view)."""
+    return patched(fn, "as_words", lambda t: None)
 
 
 def variants_at(b, h, d, n, dtype_name, device):
