@@ -60,7 +60,9 @@ class Rule:
     ``head_major`` (pack): the grid's first axis walks heads (``Launch.grid``).
 
     A rule takes only problems of more than ``min_rows`` rows, and with ``min_head_lanes`` /
-    ``max_head_lanes`` only heads of at least / at most that many lanes."""
+    ``max_head_lanes`` only heads of at least / at most that many lanes, with ``max_ranks``
+    only groups of at most that many ranks (a combine thread's loads in flight are N x its
+    lanes: fewer ranks, fewer bytes in flight a warp)."""
 
     max_rows: float
     block_d_cap: int
@@ -78,6 +80,7 @@ class Rule:
     max_head_lanes: int = 0
     head_major: bool = False
     min_rows: int = 0
+    max_ranks: int = 0
 
     def launch(self, batch: int, heads: int, head_lanes: int, ranks: int = 1,
                slab_ok: bool = False, any_size: bool = False) -> Launch | None:
@@ -86,7 +89,8 @@ class Rule:
         the rule's bounds, a slab program below ``min_lanes``)."""
         if not any_size and ((self.min_rows and batch * heads <= self.min_rows)
                              or head_lanes < self.min_head_lanes
-                             or (self.max_head_lanes and head_lanes > self.max_head_lanes)):
+                             or (self.max_head_lanes and head_lanes > self.max_head_lanes)
+                             or (self.max_ranks and ranks > self.max_ranks)):
             return None
         block_d = min(next_pow2(head_lanes), self.block_d_cap)
         lanes = self.lanes // ranks if self.per_rank else self.lanes
@@ -193,6 +197,10 @@ TABLE: dict[str, tuple[Rule, ...]] = {
     # bf16 rounding (combine.NATIVE_BF16_MAX_WARPS), 256-lane heads from 256 to 512 rows one
     # warp a head: B=32 H=128 N=8 0.910 / 0.911 of the engine design in both probes, where 4
     # warps took 1.014 / 1.016 rounding natively and 0.967 / 0.966 by integers.
+    # (seventeenth pass) 256-lane heads from 512 to 1024 rows in groups of at most 4 ranks:
+    # one head and 2 warps a program (B=64 H=64 N=4: 0.938 / 0.944 of the engine design in the
+    # two probes, against 0.952 / 0.959 at one warp; at N = 8, half of a thread's loads in
+    # flight, one warp kept: 0.865 against 0.936 at 2 warps).
     "combine": (Rule(128, 512, 1, 8),
                 Rule(512, 512, 1, 1, min_rows=256, min_head_lanes=256, max_head_lanes=256),
                 Rule(2048, 512, 64, 2, min_rows=256, min_head_lanes=32, max_head_lanes=32),
@@ -201,7 +209,9 @@ TABLE: dict[str, tuple[Rule, ...]] = {
                 Rule(256, 512, 1, 4, min_head_lanes=256),
                 Rule(256, 512, 1, 8),
                 Rule(512, 512, 1, 1, max_head_lanes=64), Rule(512, 512, 1, 2, max_head_lanes=128),
-                Rule(512, 512, 1, 4), Rule(1024, 512, 1, 1), Rule(4096, 512, 1, 2),
+                Rule(512, 512, 1, 4),
+                Rule(1024, 512, 1, 2, min_head_lanes=256, max_head_lanes=256, max_ranks=4),
+                Rule(1024, 512, 1, 1), Rule(4096, 512, 1, 2),
                 Rule(16384, 512, 1, 4), Rule(_ANY, 256, 8192, 8, per_rank=True)),
     # the AG+RS weighting kernel (a read and a write of the local output)
     "scale": (Rule(_ANY, 512, 4096, 4),),

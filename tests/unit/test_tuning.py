@@ -161,6 +161,34 @@ def test_decode_heads_of_128_lanes_go_four_a_program(compiled, b, h, n):
         assert tuning.launch("pack", b, h, 250, n).num_warps == 4
 
 
+# (B, H, N, lanes) -> (heads a program, warps): issue 47's decode rows, as the table's comment
+# (sixteenth and seventeenth passes) states the measured choices; lanes are 32-bit words
+# (16-bit D=512: 256, fp32 D=128: 128, 16-bit D=128: 64, 16-bit D=64: 32).
+COMBINE_DECODE = [
+    ((1, 128, 8, 256), (1, 8)),      # up to 128 rows: 8 warps
+    ((16, 128, 8, 256), (1, 4)),     # 256 rows of 256-lane heads: 4 warps
+    ((32, 128, 8, 256), (1, 1)),     # 512 rows of 256-lane heads: one warp
+    ((64, 128, 8, 256), (1, 1)),     # 1024 rows, N = 8: one warp
+    ((64, 64, 4, 256), (1, 2)),      # 1024 rows, N = 4: 2 warps (half the loads in flight)
+    ((32, 64, 2, 256), (1, 2)),      # 1024 rows, N = 2: as N = 4
+    ((128, 64, 4, 256), (1, 2)),     # 2048 rows: 2 warps whatever N
+    ((128, 128, 8, 256), (1, 2)),
+    ((512, 128, 8, 256), (1, 4)),    # 8192 rows: 4 warps
+    ((64, 32, 4, 64), (2, 2)),       # 32-128 lanes from 512 to 2048 rows: two heads a program
+    ((64, 32, 4, 128), (2, 4)),
+    ((128, 32, 4, 32), (2, 2)),
+    ((128, 16, 2, 64), (2, 2)),
+]
+
+
+@pytest.mark.parametrize("shape, want", COMBINE_DECODE)
+def test_decode_combines_take_the_measured_launches(compiled, shape, want):
+    """The combine's decode band: heads a program and warps by rows, head lanes and (256-lane
+    heads from 512 to 1024 rows) the group's size; the whole head in one tile."""
+    b, h, n, lanes = shape
+    cfg = tuning.combine_launch(n, b, h // n, lanes)
+    assert (cfg.block_h, cfg.num_warps) == want and cfg.block_d == lanes, cfg
+
 def test_every_problem_gets_a_launch(compiled):
     """Zero rows too (an empty batch): rules with row bounds must not leave it without one."""
     for kind in ("pack", "combine", "scale"):
