@@ -106,9 +106,9 @@ def unpaired(fn):
     return patched(fn, "as_words", lambda t: None)
 
 
-def variants_at(b, h, d, n, dtype_name, device):
+def variants_at(b, h, d, n, dtype_name, device, fma=True):
     """({name: zero-argument unpack}, bytes moved), each checked first: candidates bit for bit
-    against ours, the baselines within 2^-6."""
+    against ours, the baselines within 2^-6; ``fma=False`` leaves out the contraction run."""
     p, recv, nbytes = wire(b, h, d, n, dtype_name, device)
     hpr = h // n
     ours = lambda: dcp_a2a.unpack_combine(recv, d, p, False, True)  # noqa: E731
@@ -120,9 +120,10 @@ def variants_at(b, h, d, n, dtype_name, device):
         cfg = tuning.Launch(1, 1 << 30, w)  # block_d: capped at the head's power of two
         if (table.block_h, table.num_warps) != (1, w) or table.block_d < lanes:
             v[f"head_w{w}"] = with_launch(cfg, ours)
-    if table.block_h == 1 and hpr >= 2:  # two heads a program: half the programs
-        for w in (1, 2, 4):
-            v[f"h2_w{w}"] = with_launch(tuning.Launch(2, 1 << 30, w), ours)
+    for heads in (2, 4):  # several heads a program: fewer programs (4: heads <= 128 lanes)
+        if table.block_h != heads and hpr >= heads and (heads == 2 or lanes <= 128):
+            for w in (1, 2, 4):
+                v[f"h{heads}_w{w}"] = with_launch(tuning.Launch(heads, 1 << 30, w), ours)
     if lanes != d:
         v["elements"] = unpaired(ours)
     same = dataclasses.replace(table)  # the table's launch, a new object (plans built again)
@@ -133,7 +134,8 @@ def variants_at(b, h, d, n, dtype_name, device):
         v["native_cvt"] = patched(ours, "NATIVE_BF16_MAX_WARPS", 1 << 10, same)
     # what bitwise determinism costs: the same launch with multiply-add contraction allowed
     # (not a candidate: packed and two_collective could then differ in the last bit)
-    v["fma"] = patched(ours, "NO_CONTRACTION", {"enable_fp_fusion": True}, same)
+    if fma:
+        v["fma"] = patched(ours, "NO_CONTRACTION", {"enable_fp_fusion": True}, same)
     ref = ours()
     for name, fn in v.items():
         got = fn()
@@ -156,9 +158,9 @@ def wall_timer(fn, nbytes):
     return (time.perf_counter() - t0) * 1e6, "wall"
 
 
-def graph_row(point, device, rounds, timer):
+def graph_row(point, device, rounds, timer, fma=True):
     b, h, d, n, dt = point
-    v, nbytes = variants_at(b, h, d, n, dt, device)
+    v, nbytes = variants_at(b, h, d, n, dt, device, fma)
     med, times, method = bench.timed_rounds(v, nbytes, rounds, timer)
 
     def per_round(a, e):
@@ -194,6 +196,17 @@ def graph_table(rows):
     return "\n".join(lines)
 
 
+def grid_misses(path, min_ratio):
+    """(B, H, D, N, dtype) of a grid's points not met against the engine design at or above
+    ``min_ratio``, worst first."""
+    with open(path) as f:
+        points = json.load(f)["grid"]
+    worst = sorted((p for p in points if p["unpack_engine_verdict"] != "met"
+                    and p["unpack_engine_ratio"] >= min_ratio),
+                   key=lambda p: -p["unpack_engine_ratio"])
+    return [(p["B"], p["H"], p["D"], p["N"], p["dtype"]) for p in worst]
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("out", nargs="?", default="issue47_probe.json", help="JSON report")
@@ -203,6 +216,11 @@ def main(argv=None) -> int:
     ap.add_argument("--smoke", action="store_true",
                     help="tiny shapes, wall-clock timer: structure only (on the GPU where there "
                          "is one, else the CPU through Triton's interpreter)")
+    ap.add_argument("--from-grid", metavar="GRID_JSON",
+                    help="instead of the issue's rows: the grid's points (bench --grid JSON) "
+                         "where ours took at least --min-ratio x the engine design's time and "
+                         "its verdict was not met, worst first; no eager part, no fma run")
+    ap.add_argument("--min-ratio", type=float, default=1.0, help="with --from-grid")
     args = ap.parse_args(argv)
     t0 = time.time()
     if args.smoke:
@@ -217,12 +235,14 @@ def main(argv=None) -> int:
             return 2
         device, rows, eager_rows_at, timer = "cuda", ROWS, EAGER_ROWS, None
         rounds, calls, repeats = args.rounds, eager.CALLS, eager.REPEATS
+    if args.from_grid:
+        rows, eager_rows_at = grid_misses(args.from_grid, args.min_ratio), []
     graph, skipped = [], []
     for point in rows:
         if time.time() - t0 > args.budget:
             skipped.append(point)
             continue
-        graph.append(graph_row(point, device, rounds, timer))
+        graph.append(graph_row(point, device, rounds, timer, fma=not args.from_grid))
         print(f"  graph {point}: ours/engine {graph[-1]['ours_over_engine']:.3f} "
               f"({time.time() - t0:.0f} s)", file=sys.stderr, flush=True)
     eager_rows = []
