@@ -2,6 +2,8 @@
 
     python docs/perf_data/issue47_probe.py [OUT.json] [--rounds 7] [--budget 420]
     python docs/perf_data/issue47_probe.py --smoke      (tiny shapes: structure only)
+    python docs/perf_data/issue47_probe.py OUT.json --from-grid GRID.json --rounds 3
+        (part 1 only, at a grid's points slower than the engine design, worst first)
 
 1. Graph replay, at the issue's 17 rows (B, H, D, N, dtype): our unpack-combine next to the
    engine-design baseline (:mod:`dcp_a2a.testing.engine_design`, the design of vLLM main's
@@ -261,8 +263,9 @@ def main(argv=None) -> int:
     if skipped:
         print(f"skipped past --budget: {skipped}")
     print(graph_table(graph) if graph else "no graph rows")
-    print()
-    print(eager.eager_table(eager_rows))
+    if eager_rows:
+        print()
+        print(eager.eager_table(eager_rows))
     return 0
 
 

@@ -57,9 +57,7 @@ def test_capture_launch_records_one_launch_and_runs_nothing(device):
     assert kw["N"] == 2 and len(args) == 16 and len(grid) == 2
 
 
-def test_issue47_probe_runs_on_the_cpu(tmp_path, capsys):
-    """docs/perf_data/issue47_probe.py --smoke: tiny shapes in the interpreter, every part of
-    the report and both tables (the GPU run is the measurement)."""
+def _issue47_probe():
     import importlib.util
     from pathlib import Path
 
@@ -67,6 +65,13 @@ def test_issue47_probe_runs_on_the_cpu(tmp_path, capsys):
     spec = importlib.util.spec_from_file_location("issue47_probe", path)
     probe = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(probe)
+    return probe
+
+
+def test_issue47_probe_runs_on_the_cpu(tmp_path, capsys):
+    """docs/perf_data/issue47_probe.py --smoke: tiny shapes in the interpreter, every part of
+    the report and both tables (the GPU run is the measurement)."""
+    probe = _issue47_probe()
     assert len(probe.ROWS) == 17
     out = tmp_path / "probe.json"
     assert probe.main([str(out), "--smoke"]) == 0
@@ -80,3 +85,26 @@ def test_issue47_probe_runs_on_the_cpu(tmp_path, capsys):
     printed = capsys.readouterr().out.splitlines()
     assert printed[-1].startswith("eager: 1 back-to-back calls")
     assert any(line.startswith("ratios: medians of the per-round ratios") for line in printed)
+
+
+def test_issue47_probe_takes_a_grids_points_slower_than_the_engine(tmp_path):
+    """--from-grid: the points of a grid's JSON not met against the engine design at or above
+    --min-ratio, worst first; no eager part and no fma run (tiny points, the interpreter)."""
+    probe = _issue47_probe()
+
+    def point(b, ratio, verdict):
+        return {"B": b, "H": 4, "D": 8, "N": 2, "dtype": "float16",
+                "unpack_engine_ratio": ratio, "unpack_engine_verdict": verdict}
+
+    grid = tmp_path / "grid.json"
+    grid.write_text(json.dumps({"grid": [point(1, 1.02, "missed"), point(2, 0.90, "met"),
+                                         point(3, 1.10, "undecided"), point(4, 0.99, "missed"),
+                                         point(5, 1.05, "met")]}))
+    assert [p[0] for p in probe.grid_misses(grid, 1.0)] == [3, 1]
+    assert [p[0] for p in probe.grid_misses(grid, 0.98)] == [3, 1, 4]
+    out = tmp_path / "probe.json"
+    assert probe.main([str(out), "--smoke", "--from-grid", str(grid)]) == 0
+    report = json.loads(out.read_text())
+    assert [r["B"] for r in report["graph"]] == [3, 1] and report["eager"] == []
+    assert all("fma" not in r["times_us"] and "head_w2" in r["times_us"]
+               for r in report["graph"])
