@@ -16,7 +16,9 @@ The design, as the issue describes it:
   truncates fp32 -> bf16 there, the compiled kernel rounds), the merged LSE when asked.
 
 The contract's edge cases are kept, as selects that cost no memory traffic: NaN and +inf LSEs
-count as -inf, a -inf LSE weighs exactly 0, a row where every rank is -inf merges to 0 and -inf.
+count as -inf, a -inf LSE weighs exactly 0, a partial whose weight is 0 is read as 0 (a NaN
+partial stays out: a select a lane, as the engine's kernel has), a row where every rank is -inf
+merges to 0 and -inf.
 
 It is a baseline, not a product path: no argument checks, no masks, no determinism guarantee
 across launch configurations (ours has those).
@@ -85,7 +87,9 @@ def _unpack_combine_kernel(
             w = tl.exp2(s - g)
         w = tl.where(s == float("-inf"), 0.0, w)
         x = tl.load(recv_ptr + r * s_rn + row + d * s_rd, mask=md, other=0.0)
-        acc += w * x.to(tl.float32)
+        # a zero weight keeps a NaN partial out (0 * NaN is NaN): a select a lane, as the
+        # engine's kernel has
+        acc += w * tl.where(w == 0.0, 0.0, x.to(tl.float32))
     tl.store(out_ptr + b * s_ob + h * s_oh + d * s_od, acc.to(out_ptr.dtype.element_ty),
              mask=md)
     if RETURN_LSE:

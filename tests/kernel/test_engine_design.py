@@ -65,6 +65,30 @@ def test_engine_design_merges_within_the_bound(device, merge_check, dtype, n, h,
                     is_lse_base_on_e=base_e)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=str)
+@pytest.mark.parametrize("base_e", [True, False])
+def test_engine_design_keeps_nan_partials_of_zero_weight_out(device, merge_check, dtype, base_e):
+    """A rank whose LSE is -inf, or so far below the others that its weight underflows to 0,
+    may carry NaN partials (an empty shard's garbage): the merge is the oracle's without them.
+    The baseline ours is timed against must be a correct kernel too."""
+    n, b, h, d = 3, 2, 6, 16
+    outs, lses = partials(n, b, h, d, dtype, seed=5, device=device)
+    lses[1, 0, :] = float("-inf")  # token 0: rank 1 empty
+    lses[2, 1, :] = -1e4  # token 1: rank 2's weight underflows (2^-10000 and e^-10000)
+    outs[1, 0] = float("nan")
+    outs[2, 1] = float("nan")
+    p = dcp_a2a.lse_pack_dim(dtype)
+    sends = [torch.empty(n, b, h // n, d + p, dtype=dtype, device=device) for _ in range(n)]
+    for r in range(n):
+        dcp_a2a.pack_send(outs[r], lses[r], sends[r], n, h // n, d, p)
+    recvs = all_to_all(sends)
+    for r in range(n):
+        got = poison_like(torch.empty(b, h // n, d, dtype=dtype, device=device))
+        got_lse = poison_like(torch.empty(b, h // n, device=device))
+        engine_design.unpack_combine(recvs[r], d, True, base_e, out=got, lse=got_lse)
+        merge_check(got, got_lse, outs, lses, heads=heads_of(r, n, h), is_lse_base_on_e=base_e)
+
+
 def test_engine_design_without_lse_returns_the_output_alone(device):
     n, b, h, d = 2, 2, 4, 24
     outs, lses, recvs, p = _wire(device, torch.float32, n, b, h, d, seed=1)
