@@ -199,8 +199,9 @@ TABLE: dict[str, tuple[Rule, ...]] = {
     # warps took 1.014 / 1.016 rounding natively and 0.967 / 0.966 by integers.
     # (seventeenth pass) 256-lane heads from 512 to 1024 rows in groups of at most 4 ranks:
     # one head and 2 warps a program (B=64 H=64 N=4: 0.938 / 0.944 of the engine design in the
-    # two probes, against 0.952 / 0.959 at one warp; at N = 8, half of a thread's loads in
-    # flight, one warp kept: 0.865 against 0.936 at 2 warps).
+    # two probes, against 0.952 / 0.959 at one warp; as the table's launch at 9459b05, 0.936
+    # where one warp took 0.968. At N = 8, twice the loads in flight a thread, one warp kept:
+    # 0.865 against 0.936 at 2 warps).
     "combine": (Rule(128, 512, 1, 8),
                 Rule(512, 512, 1, 1, min_rows=256, min_head_lanes=256, max_head_lanes=256),
                 Rule(2048, 512, 64, 2, min_rows=256, min_head_lanes=32, max_head_lanes=32),

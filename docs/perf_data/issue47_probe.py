@@ -175,10 +175,11 @@ def graph_row(point, device, rounds, timer, fma=True):
     lo, hi, verdict = bench.ratio_verdict(times["ours"], times["engine"], bench.ENGINE_TARGET)
     cands = {k: per_round(k, "engine") for k in v if k not in ("ours", "engine", "sf")}
     vllm = ISSUE_VLLM_US.get(tuple(point))
-    return {"engine_over_issue_vllm": med["engine"] / vllm if vllm else None,"B": b, "H": h, "D": d, "N": n, "dtype": dt, "bytes": nbytes, "timing": method,
+    return {"B": b, "H": h, "D": d, "N": n, "dtype": dt, "bytes": nbytes, "timing": method,
             "rounds": rounds, "median_us": med, "times_us": times,
             "ours_over_engine": per_round("ours", "engine"), "ci": [lo, hi], "verdict": verdict,
             "sf_over_engine": per_round("sf", "engine"),
+            "engine_over_issue_vllm": med["engine"] / vllm if vllm else None,
             "candidates_over_engine": cands,
             "candidates_over_ours": {k: per_round(k, "ours") for k in cands}}
 

@@ -189,6 +189,7 @@ def test_decode_combines_take_the_measured_launches(compiled, shape, want):
     cfg = tuning.combine_launch(n, b, h // n, lanes)
     assert (cfg.block_h, cfg.num_warps) == want and cfg.block_d == lanes, cfg
 
+
 def test_every_problem_gets_a_launch(compiled):
     """Zero rows too (an empty batch): rules with row bounds must not leave it without one."""
     for kind in ("pack", "combine", "scale"):
