@@ -23,12 +23,15 @@ pytestmark = [pytest.mark.kernel,
 CPU_BF16 = not torch.cuda.is_available()
 
 
-def _wire(device, dtype, n, b, h, d, seed, lse_edits=()):
+def _wire(device, dtype, n, b, h, d, seed, lse_edits=(), out_edits=()):
     """Every rank's receive buffer after the exchange, from random partials whose LSEs get
-    ``lse_edits`` ((rank, token, head, value), ...) first."""
+    ``lse_edits`` ((rank, token, head, value), ...) and whose outputs get ``out_edits``
+    ((rank, token, value): every head and lane of that token) first."""
     outs, lses = partials(n, b, h, d, dtype, seed=seed, device=device)
     for r, t, j, v in lse_edits:
         lses[r, t, j] = v
+    for r, t, v in out_edits:
+        outs[r, t] = v
     p = dcp_a2a.lse_pack_dim(dtype)
     sends = [poison_like(torch.empty(n, b, h // n, d + p, dtype=dtype, device=device))
              for _ in range(n)]
@@ -72,16 +75,10 @@ def test_engine_design_keeps_nan_partials_of_zero_weight_out(device, merge_check
     may carry NaN partials (an empty shard's garbage): the merge is the oracle's without them.
     The baseline ours is timed against must be a correct kernel too."""
     n, b, h, d = 3, 2, 6, 16
-    outs, lses = partials(n, b, h, d, dtype, seed=5, device=device)
-    lses[1, 0, :] = float("-inf")  # token 0: rank 1 empty
-    lses[2, 1, :] = -1e4  # token 1: rank 2's weight underflows (2^-10000 and e^-10000)
-    outs[1, 0] = float("nan")
-    outs[2, 1] = float("nan")
-    p = dcp_a2a.lse_pack_dim(dtype)
-    sends = [torch.empty(n, b, h // n, d + p, dtype=dtype, device=device) for _ in range(n)]
-    for r in range(n):
-        dcp_a2a.pack_send(outs[r], lses[r], sends[r], n, h // n, d, p)
-    recvs = all_to_all(sends)
+    # token 0: rank 1 empty; token 1: rank 2's weight underflows (2^-10000 and e^-10000)
+    edits = [(1, 0, j, float("-inf")) for j in range(h)] + [(2, 1, j, -1e4) for j in range(h)]
+    outs, lses, recvs, p = _wire(device, dtype, n, b, h, d, seed=5, lse_edits=edits,
+                                 out_edits=[(1, 0, float("nan")), (2, 1, float("nan"))])
     for r in range(n):
         got = poison_like(torch.empty(b, h // n, d, dtype=dtype, device=device))
         got_lse = poison_like(torch.empty(b, h // n, device=device))
