@@ -117,6 +117,41 @@ class Rule:
 
 
 _ANY = float("inf")
+
+# The combine rules as the seventeenth pass left them (docs/perf_history.md; the comment on
+# TABLE's combine rules gives what each of its rows was chosen from).
+_COMBINE_SEVENTEENTH = (
+    Rule(128, 512, 1, 8),
+    Rule(512, 512, 1, 1, min_rows=256, min_head_lanes=256, max_head_lanes=256),
+    Rule(2048, 512, 64, 2, min_rows=256, min_head_lanes=32, max_head_lanes=32),
+    Rule(2048, 512, 128, 2, min_rows=256, min_head_lanes=64, max_head_lanes=64),
+    Rule(2048, 512, 256, 4, min_rows=256, min_head_lanes=128, max_head_lanes=128),
+    Rule(256, 512, 1, 4, min_head_lanes=256),
+    Rule(256, 512, 1, 8),
+    Rule(512, 512, 1, 1, max_head_lanes=64), Rule(512, 512, 1, 2, max_head_lanes=128),
+    Rule(512, 512, 1, 4),
+    Rule(1024, 512, 1, 2, min_head_lanes=256, max_head_lanes=256, max_ranks=4),
+    Rule(1024, 512, 1, 1), Rule(4096, 512, 1, 2),
+    Rule(16384, 512, 1, 4), Rule(_ANY, 256, 8192, 8, per_rank=True),
+)
+_COMBINE_EIGHTEENTH = (
+    Rule(128, 512, 1, 4, max_head_lanes=128),
+    Rule(128, 512, 1, 4, min_head_lanes=256, max_head_lanes=256, max_ranks=4),
+    Rule(128, 512, 1, 8),
+    Rule(512, 512, 1, 4, min_head_lanes=512, max_head_lanes=512, max_ranks=4),
+    Rule(512, 512, 1, 2, min_head_lanes=512, max_head_lanes=512),
+    Rule(512, 512, 1, 4, min_rows=256, min_head_lanes=256, max_head_lanes=256, max_ranks=2),
+) + _COMBINE_SEVENTEENTH[1:5] + (
+    Rule(256, 512, 128, 4, max_head_lanes=64),
+    Rule(256, 512, 1, 2, min_head_lanes=128, max_head_lanes=128),
+) + _COMBINE_SEVENTEENTH[5:10] + (
+    Rule(1024, 512, 1, 4, min_head_lanes=512, max_head_lanes=512, max_ranks=2),
+) + _COMBINE_SEVENTEENTH[10:12] + (
+    Rule(16384, 512, 128, 2, min_rows=2048, max_head_lanes=32),
+    Rule(16384, 512, 256, 2, min_rows=2048, min_head_lanes=33, max_head_lanes=64),
+    Rule(16384, 512, 512, 1, min_rows=4096, min_head_lanes=256, max_head_lanes=256,
+         max_ranks=2),
+) + _COMBINE_SEVENTEENTH[12:]
 # Lanes count 32-bit words on the paired path (16-bit dtypes, even D): D=512 bf16 is 256 lanes.
 TABLE: dict[str, tuple[Rule, ...]] = {
     # (docs/perf_history.md, fourth pass: a sweep of heads a program x warps at every grid point)
@@ -202,18 +237,22 @@ TABLE: dict[str, tuple[Rule, ...]] = {
     # two probes, against 0.952 / 0.959 at one warp; as the table's launch at 9459b05, 0.936
     # where one warp took 0.968. At N = 8, twice the loads in flight a thread, one warp kept:
     # 0.865 against 0.936 at 2 warps).
-    "combine": (Rule(128, 512, 1, 8),
-                Rule(512, 512, 1, 1, min_rows=256, min_head_lanes=256, max_head_lanes=256),
-                Rule(2048, 512, 64, 2, min_rows=256, min_head_lanes=32, max_head_lanes=32),
-                Rule(2048, 512, 128, 2, min_rows=256, min_head_lanes=64, max_head_lanes=64),
-                Rule(2048, 512, 256, 4, min_rows=256, min_head_lanes=128, max_head_lanes=128),
-                Rule(256, 512, 1, 4, min_head_lanes=256),
-                Rule(256, 512, 1, 8),
-                Rule(512, 512, 1, 1, max_head_lanes=64), Rule(512, 512, 1, 2, max_head_lanes=128),
-                Rule(512, 512, 1, 4),
-                Rule(1024, 512, 1, 2, min_head_lanes=256, max_head_lanes=256, max_ranks=4),
-                Rule(1024, 512, 1, 1), Rule(4096, 512, 1, 2),
-                Rule(16384, 512, 1, 4), Rule(_ANY, 256, 8192, 8, per_rank=True)),
+    # (eighteenth pass, issue 47: the grid's points slower than the engine design, timed with
+    # candidate launches on an H100, docs/perf_data/issue47_grid_misses_84ce0f5_h100.json)
+    # Up to 128 rows 4 warps for heads of at most 128 lanes (0.93-0.99 of the engine design at
+    # 32-128 lanes and N = 2-8, where 8 warps took 1.00-1.09) and for 256-lane heads in groups
+    # of at most 4 (0.90-0.92 against 0.97-0.99); 8 for the rest (B=1 H=128 N=8: 0.86 against
+    # 0.89). From 129 to 256 rows 128 lanes a program at 4 warps for heads of at most 64 lanes
+    # (four 32-lane heads: 0.89-0.97, two 64-lane: 0.91-1.00, against 1.04-1.14 at one head
+    # and 8 warps), 2 warps for 128-lane heads (0.89-1.02 against 1.03-1.05); fp32 D=512 (512
+    # lanes) 2 warps from 129 to 512 rows in groups of 8 (0.91-0.98 against 1.04-1.14). Groups
+    # of 2: 4 warps for 256-lane heads from 257 to 512 rows (0.98 / 1.05 fp16 / bf16 against
+    # 1.08) and 512-lane heads from 513 to 1024 (1.03 against 1.11). From 2k to 16k rows four
+    # heads of at most 64 lanes and 2 warps a program (0.24-0.57 of the engine design's time at
+    # 8k-16k rows, where one head a program took 0.99-1.03: those launches left the GPU mostly
+    # idle, at 17-30 % of copy), and two 256-lane heads and one warp in groups of 2 (0.80
+    # against 1.11 at 8k rows).
+    "combine": _COMBINE_EIGHTEENTH,
     # the AG+RS weighting kernel (a read and a write of the local output)
     "scale": (Rule(_ANY, 512, 4096, 4),),
 }
@@ -297,6 +336,9 @@ CANDIDATES: dict[str, dict[str, tuple[Rule, ...]]] = {
     "pack_eighth_pass": {**TABLE, "pack": _PACK_EIGHTH},
     "pack_ninth_pass": {**TABLE, "pack": _PACK_NINTH},
     "pack_tenth_pass": {**TABLE, "pack": _PACK_TENTH},
+    # the combine rules of the seventeenth pass (8 warps for small heads up to 256 rows, one
+    # head a program up to 16k rows)
+    "combine_seventeenth_pass": {**TABLE, "combine": _COMBINE_SEVENTEENTH},
     # the pack rules of the third pass (one head a program and 2 warps up to 1024 rows, 4096
     # lanes and 8 warps above)
     "pack_third_pass": {**TABLE, "pack": (Rule(1024, 1024, 1, 2), Rule(32768, 1024, 4096, 8),

@@ -4,6 +4,11 @@
     python docs/perf_data/issue47_probe.py --smoke      (tiny shapes: structure only)
     python docs/perf_data/issue47_probe.py OUT.json --from-grid GRID.json --rounds 3
         (part 1 only, at a grid's points slower than the engine design, worst first)
+    python docs/perf_data/issue47_probe.py OUT.json --from-grid GRID.json \
+        --changed-from combine_seventeenth_pass
+        (part 1 only, at every grid point whose combine launch the named table of
+        tuning.CANDIDATES chose otherwise: ours, the engine design, the straightforward kernel
+        and that table's launch, "was"; no other candidates)
 
 1. Graph replay, at the issue's 17 rows (B, H, D, N, dtype): our unpack-combine next to the
    engine-design baseline (:mod:`dcp_a2a.testing.engine_design`, the design of vLLM main's
@@ -112,15 +117,24 @@ def unpaired(fn):
     return patched(fn, "as_words", lambda t: None)
 
 
-def variants_at(b, h, d, n, dtype_name, device, fma=True):
+def word_lanes(d, dtype_name):
+    """The lanes the combine moves a row: 32-bit words of two 16-bit values where D is even."""
+    return d // 2 if dcp_a2a.lse_pack_dim(getattr(torch, dtype_name)) == 2 and d % 2 == 0 else d
+
+
+def variants_at(b, h, d, n, dtype_name, device, fma=True, was=None):
     """({name: zero-argument unpack}, bytes moved), each checked first: candidates bit for bit
-    against ours, the baselines within 2^-6; ``fma=False`` leaves out the contraction run."""
+    against ours, the baselines within 2^-6; ``fma=False`` leaves out the contraction run.
+    ``was``: a launch (another table's) timed as the only candidate."""
     p, recv, nbytes = wire(b, h, d, n, dtype_name, device)
     hpr = h // n
     ours = lambda: dcp_a2a.unpack_combine(recv, d, p, False, True)  # noqa: E731
     v = {"ours": ours, "engine": lambda: engine_design.unpack_combine(recv, d),
          "sf": lambda: sf.unpack_combine(recv, d)}
-    lanes = d // 2 if p == 2 and d % 2 == 0 else d
+    if was is not None:
+        v["was"] = with_launch(was, ours)
+        return _checked(v, ours, b, h, d, n, dtype_name), nbytes
+    lanes = word_lanes(d, dtype_name)
     table = tuning.combine_launch(n, b, hpr, lanes)
     for w in WARPS:  # one (token, head) a program, the head in one tile
         cfg = tuning.Launch(1, 1 << 30, w)  # block_d: capped at the head's power of two
@@ -142,6 +156,12 @@ def variants_at(b, h, d, n, dtype_name, device, fma=True):
     # (not a candidate: packed and two_collective could then differ in the last bit)
     if fma:
         v["fma"] = patched(ours, "NO_CONTRACTION", {"enable_fp_fusion": True}, same)
+    return _checked(v, ours, b, h, d, n, dtype_name), nbytes
+
+
+def _checked(v, ours, b, h, d, n, dtype_name):
+    """``v`` once each variant's output matched ours (bit for bit; the baselines and the
+    contraction run within 2^-6)."""
     ref = ours()
     for name, fn in v.items():
         got = fn()
@@ -152,7 +172,7 @@ def variants_at(b, h, d, n, dtype_name, device, fma=True):
         if not ok:
             raise AssertionError(f"{name} differs from ours at B={b} H={h} D={d} N={n} "
                                  f"{dtype_name}")
-    return v, nbytes
+    return v
 
 
 def wall_timer(fn, nbytes):
@@ -164,9 +184,9 @@ def wall_timer(fn, nbytes):
     return (time.perf_counter() - t0) * 1e6, "wall"
 
 
-def graph_row(point, device, rounds, timer, fma=True):
+def graph_row(point, device, rounds, timer, fma=True, was=None):
     b, h, d, n, dt = point
-    v, nbytes = variants_at(b, h, d, n, dt, device, fma)
+    v, nbytes = variants_at(b, h, d, n, dt, device, fma, was)
     med, times, method = bench.timed_rounds(v, nbytes, rounds, timer)
 
     def per_round(a, e):
@@ -219,6 +239,26 @@ def grid_misses(path, min_ratio):
     return [(p["B"], p["H"], p["D"], p["N"], p["dtype"]) for p in worst]
 
 
+def grid_changed(path, table_name):
+    """[((B, H, D, N, dtype), launch)]: a grid's points whose combine launch under
+    ``tuning.CANDIDATES[table_name]`` differs from the table in force, with that launch; the
+    points slowest against the engine design in the grid first."""
+    with open(path) as f:
+        points = json.load(f)["grid"]
+    changed = []
+    for p in sorted(points, key=lambda p: -p["unpack_engine_ratio"]):
+        b, h, d, n, dt = p["B"], p["H"], p["D"], p["N"], p["dtype"]
+        now = tuning.combine_launch(n, b, h // n, word_lanes(d, dt))
+        saved, tuning.ACTIVE = tuning.ACTIVE, tuning.CANDIDATES[table_name]
+        try:
+            was = tuning.combine_launch(n, b, h // n, word_lanes(d, dt))
+        finally:
+            tuning.ACTIVE = saved
+        if was != now:
+            changed.append(((b, h, d, n, dt), was))
+    return changed
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("out", nargs="?", default="issue47_probe.json", help="JSON report")
@@ -233,6 +273,10 @@ def main(argv=None) -> int:
                          "where ours took at least --min-ratio x the engine design's time and "
                          "its verdict was not met, worst first; no eager part, no fma run")
     ap.add_argument("--min-ratio", type=float, default=1.0, help="with --from-grid")
+    ap.add_argument("--changed-from", metavar="TABLE",
+                    help="with --from-grid: instead of its misses, every point whose combine "
+                         "launch TABLE (a name in tuning.CANDIDATES) chose otherwise, timed "
+                         "beside that launch ('was')")
     args = ap.parse_args(argv)
     t0 = time.time()
     if args.smoke:
@@ -247,14 +291,19 @@ def main(argv=None) -> int:
             return 2
         device, rows, eager_rows_at, timer = "cuda", ROWS, EAGER_ROWS, None
         rounds, calls, repeats = args.rounds, eager.CALLS, eager.REPEATS
-    if args.from_grid:
+    was = {}
+    if args.from_grid and args.changed_from:
+        was = dict(grid_changed(args.from_grid, args.changed_from))
+        rows, eager_rows_at = list(was), []
+    elif args.from_grid:
         rows, eager_rows_at = grid_misses(args.from_grid, args.min_ratio), []
     graph, skipped = [], []
     for point in rows:
         if time.time() - t0 > args.budget:
             skipped.append(point)
             continue
-        graph.append(graph_row(point, device, rounds, timer, fma=not args.from_grid))
+        graph.append(graph_row(point, device, rounds, timer, fma=not args.from_grid,
+                               was=was.get(point)))
         print(f"  graph {point}: ours/engine {graph[-1]['ours_over_engine']:.3f} "
               f"({time.time() - t0:.0f} s)", file=sys.stderr, flush=True)
     eager_rows = []

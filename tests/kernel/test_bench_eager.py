@@ -108,3 +108,38 @@ def test_issue47_probe_takes_a_grids_points_slower_than_the_engine(tmp_path):
     assert [r["B"] for r in report["graph"]] == [3, 1] and report["eager"] == []
     assert all("fma" not in r["times_us"] and "head_w2" in r["times_us"]
                for r in report["graph"])
+
+
+def test_issue47_probe_takes_a_grids_points_whose_launch_changed(tmp_path, monkeypatch):
+    """--changed-from TABLE: the grid's points whose combine launch TABLE chose otherwise than
+    the table in force (compiled rules), worst against the engine design first, each with
+    TABLE's launch; the smoke run times it beside ours as "was"."""
+    from dcp_a2a.kernels import tuning
+
+    probe = _issue47_probe()
+
+    def point(b, h, d, n, dtype, ratio):
+        return {"B": b, "H": h, "D": d, "N": n, "dtype": dtype, "unpack_engine_ratio": ratio}
+
+    pts = [point(1, 64, 128, 8, "bfloat16", 1.0), point(32, 128, 128, 8, "bfloat16", 1.1),
+           point(64, 128, 512, 8, "bfloat16", 0.9), point(8192, 64, 512, 4, "bfloat16", 0.8)]
+    grid = tmp_path / "grid.json"
+    grid.write_text(json.dumps({"grid": pts}))
+    monkeypatch.setattr(tuning._env, "INTERPRET", False)
+    other = {**tuning.TABLE, "combine": (tuning.Rule(float("inf"), 512, 1, 1),)}
+    monkeypatch.setitem(tuning.CANDIDATES, "one_warp", other)
+    changed = probe.grid_changed(grid, "one_warp")
+    want = [p for p in sorted(pts, key=lambda p: -p["unpack_engine_ratio"])
+            if tuning.combine_launch(p["N"], p["B"], p["H"] // p["N"], p["D"] // 2)
+            != tuning.Launch(1, 256 if p["D"] == 512 else 64, 1)]
+    assert [c[0][0] for c in changed] == [p["B"] for p in want] and len(want) >= 2
+    assert all(was == tuning.Launch(1, 256 if pt[2] == 512 else 64, 1) for pt, was in changed)
+    assert probe.grid_changed(grid, "table") == []  # the table in force against itself
+    monkeypatch.setattr(tuning._env, "INTERPRET", True)
+    monkeypatch.setattr(probe, "grid_changed",
+                        lambda path, name: [((2, 4, 8, 2, "float16"), tuning.Launch(1, 4, 1))])
+    out = tmp_path / "probe.json"
+    assert probe.main([str(out), "--smoke", "--from-grid", str(grid),
+                       "--changed-from", "one_warp"]) == 0
+    report = json.loads(out.read_text())
+    assert [set(r["times_us"]) for r in report["graph"]] == [{"ours", "engine", "sf", "was"}]

@@ -8,6 +8,7 @@ from dataclasses import astuple
 import pytest
 
 from dcp_a2a.kernels import tuning
+from dcp_a2a.kernels._host import next_pow2
 
 pytestmark = pytest.mark.unit
 
@@ -178,6 +179,23 @@ COMBINE_DECODE = [
     ((64, 32, 4, 128), (2, 4)),
     ((128, 32, 4, 32), (2, 2)),
     ((128, 16, 2, 64), (2, 2)),
+    # eighteenth pass (the grid's points slower than the engine design): up to 128 rows 4 warps
+    # for heads of at most 128 lanes and for 256-lane heads in groups of at most 4
+    ((1, 64, 8, 64), (1, 4)), ((4, 128, 8, 128), (1, 4)), ((4, 64, 4, 256), (1, 4)),
+    ((4, 16, 2, 256), (1, 4)), ((4, 128, 8, 256), (1, 8)), ((4, 16, 2, 512), (1, 8)),
+    # 129-256 rows: 128 lanes a program at 4 warps for heads of at most 64 lanes, 2 warps for
+    # 128-lane heads
+    ((32, 64, 8, 32), (4, 4)), ((16, 64, 4, 64), (2, 4)), ((32, 16, 2, 40), (2, 4)),
+    ((16, 128, 8, 128), (1, 2)),
+    # fp32 D=512 in groups of 8 from 129 to 512 rows: 2 warps (4 in smaller groups)
+    ((16, 128, 8, 512), (1, 2)), ((32, 128, 8, 512), (1, 2)), ((32, 64, 4, 512), (1, 4)),
+    # groups of 2: 4 warps for 256-lane heads to 512 rows, 512-lane heads to 1024 rows
+    ((64, 16, 2, 256), (1, 4)), ((128, 16, 2, 512), (1, 4)), ((128, 64, 8, 512), (1, 1)),
+    # 2k-16k rows: four heads of at most 64 lanes and 2 warps a program; 256-lane heads in
+    # groups of 2 two heads and one warp
+    ((512, 16, 2, 40), (4, 2)), ((1024, 32, 4, 32), (4, 2)), ((1024, 64, 4, 64), (4, 2)),
+    ((1024, 128, 8, 64), (4, 2)), ((1024, 16, 2, 256), (2, 1)), ((1024, 64, 4, 256), (1, 4)),
+    ((1024, 64, 4, 128), (1, 4)),
 ]
 
 
@@ -187,7 +205,7 @@ def test_decode_combines_take_the_measured_launches(compiled, shape, want):
     heads from 512 to 1024 rows) the group's size; the whole head in one tile."""
     b, h, n, lanes = shape
     cfg = tuning.combine_launch(n, b, h // n, lanes)
-    assert (cfg.block_h, cfg.num_warps) == want and cfg.block_d == lanes, cfg
+    assert (cfg.block_h, cfg.num_warps) == want and cfg.block_d == next_pow2(lanes), cfg
 
 
 def test_every_problem_gets_a_launch(compiled):
