@@ -62,7 +62,8 @@ class Rule:
     A rule takes only problems of more than ``min_rows`` rows, and with ``min_head_lanes`` /
     ``max_head_lanes`` only heads of at least / at most that many lanes, with ``max_ranks``
     only groups of at most that many ranks (a combine thread's loads in flight are N x its
-    lanes: fewer ranks, fewer bytes in flight a warp)."""
+    lanes: fewer ranks, fewer bytes in flight a warp), with ``min_ranks`` only groups of at
+    least that many."""
 
     max_rows: float
     block_d_cap: int
@@ -81,6 +82,7 @@ class Rule:
     head_major: bool = False
     min_rows: int = 0
     max_ranks: int = 0
+    min_ranks: int = 0
 
     def launch(self, batch: int, heads: int, head_lanes: int, ranks: int = 1,
                slab_ok: bool = False, any_size: bool = False) -> Launch | None:
@@ -90,7 +92,8 @@ class Rule:
         if not any_size and ((self.min_rows and batch * heads <= self.min_rows)
                              or head_lanes < self.min_head_lanes
                              or (self.max_head_lanes and head_lanes > self.max_head_lanes)
-                             or (self.max_ranks and ranks > self.max_ranks)):
+                             or (self.max_ranks and ranks > self.max_ranks)
+                             or ranks < self.min_ranks):
             return None
         block_d = min(next_pow2(head_lanes), self.block_d_cap)
         lanes = self.lanes // ranks if self.per_rank else self.lanes
@@ -147,6 +150,7 @@ _COMBINE_EIGHTEENTH = (
 ) + _COMBINE_SEVENTEENTH[5:10] + (
     Rule(1024, 512, 1, 4, min_head_lanes=512, max_head_lanes=512, max_ranks=2),
 ) + _COMBINE_SEVENTEENTH[10:12] + (
+    Rule(4096, 512, 1, 2, min_rows=2048, min_head_lanes=33, max_head_lanes=63, min_ranks=8),
     Rule(16384, 512, 128, 2, min_rows=2048, max_head_lanes=32),
     Rule(16384, 512, 256, 2, min_rows=2048, min_head_lanes=33, max_head_lanes=64),
     Rule(16384, 512, 512, 1, min_rows=4096, min_head_lanes=256, max_head_lanes=256,
@@ -251,7 +255,10 @@ TABLE: dict[str, tuple[Rule, ...]] = {
     # heads of at most 64 lanes and 2 warps a program (0.24-0.57 of the engine design's time at
     # 8k-16k rows, where one head a program took 0.99-1.03: those launches left the GPU mostly
     # idle, at 17-30 % of copy), and two 256-lane heads and one warp in groups of 2 (0.80
-    # against 1.11 at 8k rows).
+    # against 1.11 at 8k rows). At 163 grid points whose launch this changed (the same probe
+    # --changed-from, a63fcd4): 161 faster or within 1 %, none missed that had been met; the
+    # two slower, 40-lane heads (D=80) at 4096 rows in groups of 8 (0.61-0.63 of the engine
+    # design against 0.55), keep one head and 2 warps there.
     "combine": _COMBINE_EIGHTEENTH,
     # the AG+RS weighting kernel (a read and a write of the local output)
     "scale": (Rule(_ANY, 512, 4096, 4),),
@@ -339,6 +346,9 @@ CANDIDATES: dict[str, dict[str, tuple[Rule, ...]]] = {
     # the combine rules of the seventeenth pass (8 warps for small heads up to 256 rows, one
     # head a program up to 16k rows)
     "combine_seventeenth_pass": {**TABLE, "combine": _COMBINE_SEVENTEENTH},
+    # ... and with four 40-lane heads a program at 2k-4k rows in groups of 8 too (a63fcd4)
+    "combine_a63fcd4": {**TABLE, "combine": tuple(r for r in _COMBINE_EIGHTEENTH
+                                                   if not r.min_ranks)},
     # the pack rules of the third pass (one head a program and 2 warps up to 1024 rows, 4096
     # lanes and 8 warps above)
     "pack_third_pass": {**TABLE, "pack": (Rule(1024, 1024, 1, 2), Rule(32768, 1024, 4096, 8),
