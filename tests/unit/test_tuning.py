@@ -204,8 +204,8 @@ COMBINE_DECODE = [
 
 @pytest.mark.parametrize("shape, want", COMBINE_DECODE)
 def test_decode_combines_take_the_measured_launches(compiled, shape, want):
-    """The combine's decode band: heads a program and warps by rows, head lanes and (256-lane
-    heads from 512 to 1024 rows) the group's size; the whole head in one tile."""
+    """The combine's launches up to 16k rows: heads a program and warps by rows, head lanes
+    and (where the measurements split on it) the group's size; the whole head in one tile."""
     b, h, n, lanes = shape
     cfg = tuning.combine_launch(n, b, h // n, lanes)
     assert (cfg.block_h, cfg.num_warps) == want and cfg.block_d == next_pow2(lanes), cfg
