@@ -137,25 +137,34 @@ _COMBINE_SEVENTEENTH = (
     Rule(1024, 512, 1, 1), Rule(4096, 512, 1, 2),
     Rule(16384, 512, 1, 4), Rule(_ANY, 256, 8192, 8, per_rank=True),
 )
-_COMBINE_EIGHTEENTH = (
+_COMBINE_EIGHTEENTH = (  # the first rule that takes a problem gives its launch
     Rule(128, 512, 1, 4, max_head_lanes=128),
     Rule(128, 512, 1, 4, min_head_lanes=256, max_head_lanes=256, max_ranks=4),
     Rule(128, 512, 1, 8),
     Rule(512, 512, 1, 4, min_head_lanes=512, max_head_lanes=512, max_ranks=4),
     Rule(512, 512, 1, 2, min_head_lanes=512, max_head_lanes=512),
     Rule(512, 512, 1, 4, min_rows=256, min_head_lanes=256, max_head_lanes=256, max_ranks=2),
-) + _COMBINE_SEVENTEENTH[1:5] + (
+    Rule(512, 512, 1, 1, min_rows=256, min_head_lanes=256, max_head_lanes=256),
+    Rule(2048, 512, 64, 2, min_rows=256, min_head_lanes=32, max_head_lanes=32),
+    Rule(2048, 512, 128, 2, min_rows=256, min_head_lanes=64, max_head_lanes=64),
+    Rule(2048, 512, 256, 4, min_rows=256, min_head_lanes=128, max_head_lanes=128),
     Rule(256, 512, 128, 4, max_head_lanes=64),
     Rule(256, 512, 1, 2, min_head_lanes=128, max_head_lanes=128),
-) + _COMBINE_SEVENTEENTH[5:10] + (
+    Rule(256, 512, 1, 4, min_head_lanes=256),
+    Rule(256, 512, 1, 8),
+    Rule(512, 512, 1, 1, max_head_lanes=64), Rule(512, 512, 1, 2, max_head_lanes=128),
+    Rule(512, 512, 1, 4),
     Rule(1024, 512, 1, 4, min_head_lanes=512, max_head_lanes=512, max_ranks=2),
-) + _COMBINE_SEVENTEENTH[10:12] + (
+    Rule(1024, 512, 1, 2, min_head_lanes=256, max_head_lanes=256, max_ranks=4),
+    Rule(1024, 512, 1, 1),
     Rule(4096, 512, 1, 2, min_rows=2048, min_head_lanes=33, max_head_lanes=63, min_ranks=8),
     Rule(16384, 512, 128, 2, min_rows=2048, max_head_lanes=32),
     Rule(16384, 512, 256, 2, min_rows=2048, min_head_lanes=33, max_head_lanes=64),
     Rule(16384, 512, 512, 1, min_rows=4096, min_head_lanes=256, max_head_lanes=256,
          max_ranks=2),
-) + _COMBINE_SEVENTEENTH[12:]
+    Rule(4096, 512, 1, 2),
+    Rule(16384, 512, 1, 4), Rule(_ANY, 256, 8192, 8, per_rank=True),
+)
 # Lanes count 32-bit words on the paired path (16-bit dtypes, even D): D=512 bf16 is 256 lanes.
 TABLE: dict[str, tuple[Rule, ...]] = {
     # (docs/perf_history.md, fourth pass: a sweep of heads a program x warps at every grid point)
