@@ -248,10 +248,11 @@ def grid_changed(path, table_name):
     changed = []
     for p in sorted(points, key=lambda p: -p["unpack_engine_ratio"]):
         b, h, d, n, dt = p["B"], p["H"], p["D"], p["N"], p["dtype"]
-        now = tuning.combine_launch(n, b, h // n, word_lanes(d, dt))
+        problem = (n, b, h // n, word_lanes(d, dt))
+        now = tuning.combine_launch(*problem)
         saved, tuning.ACTIVE = tuning.ACTIVE, tuning.CANDIDATES[table_name]
         try:
-            was = tuning.combine_launch(n, b, h // n, word_lanes(d, dt))
+            was = tuning.combine_launch(*problem)
         finally:
             tuning.ACTIVE = saved
         if was != now:
