@@ -26,6 +26,7 @@ class Launch:
     slab: bool = False  # pack only: the slab kernel, BLOCK_H heads (4 | BLOCK_H | H/N) a chunk
     lane_loads: bool = False  # pack's row kernel: loads in the stores' layout (no shared memory)
     head_major: bool = False  # pack: the grid's first axis walks heads (see ``grid``)
+    lazy: bool = False  # combine: each rank's tile loaded where it is added, not all N first
 
     def grid(self, batch: int, heads: int) -> tuple[int, int]:
         """(token blocks, head blocks), or with ``head_major`` (head blocks, token blocks):
@@ -63,7 +64,8 @@ class Rule:
     ``max_head_lanes`` only heads of at least / at most that many lanes, with ``max_ranks``
     only groups of at most that many ranks (a combine thread's loads in flight are N x its
     lanes: fewer ranks, fewer bytes in flight a warp), with ``min_ranks`` only groups of at
-    least that many."""
+    least that many. ``lazy`` (combine): each rank's tile is loaded where its weight is
+    applied, not all N tiles first (``Launch.lazy``)."""
 
     max_rows: float
     block_d_cap: int
@@ -83,6 +85,7 @@ class Rule:
     min_rows: int = 0
     max_ranks: int = 0
     min_ranks: int = 0
+    lazy: bool = False
 
     def launch(self, batch: int, heads: int, head_lanes: int, ranks: int = 1,
                slab_ok: bool = False, any_size: bool = False) -> Launch | None:
@@ -116,7 +119,7 @@ class Rule:
         elif self.one_peer_warps and block_h == 2 * slab and block_h * block_d == lanes:
             block_h = slab  # a full program that straddled two peers: one peer's slab instead
         return Launch(block_h, block_d, warps, self.stream, block_b,
-                      lane_loads=self.lane_loads, head_major=self.head_major)
+                      lane_loads=self.lane_loads, head_major=self.head_major, lazy=self.lazy)
 
 
 _ANY = float("inf")
@@ -423,7 +426,7 @@ def launch(kind: str, batch: int, heads: int, head_lanes: int, ranks: int = 1,
                                     o.stream, slab=True, head_major=o.head_major), batch)
         return _compiled(Launch(_fit(o.block_h, heads), block_d, o.num_warps, o.stream,
                                 _fit(o.block_b, batch), lane_loads=o.lane_loads,
-                                head_major=o.head_major), batch)
+                                head_major=o.head_major, lazy=o.lazy), batch)
     rules = INTERPRETER[kind] if _env.INTERPRET else ACTIVE[kind]
     key = (kind, batch, heads, head_lanes, ranks, slab_ok)
     hit = _CHOSEN.get(key)
