@@ -62,62 +62,45 @@ def _load_lses(data_bits_ptr, lse_ptr, b, h, row_ok,
 
 
 @triton.jit
-def _load_rank(data_ptr, data_bits_ptr, src_row, d, md, s_dn, s_dd, r,
-               IS_BF16: tl.constexpr, PAIRS: tl.constexpr, STREAM: tl.constexpr):
-    """The [rows, BLOCK_D] tile of lanes ``d`` of rank ``r``: 32-bit words where PAIRS (two
-    16-bit values each), else fp32 values."""
-    offs = r * s_dn + src_row[:, None] + d[None, :] * s_dd
-    if PAIRS:
-        if STREAM:
-            w = tl.load(data_bits_ptr + offs, mask=md, other=0, eviction_policy="evict_first")
-        else:
-            w = tl.load(data_bits_ptr + offs, mask=md, other=0)
-    else:
-        w = load_f32(data_ptr, data_bits_ptr, offs, md, IS_BF16)
-    return w
-
-
-@triton.jit
 def _load_ranks(data_ptr, data_bits_ptr, src_row, d, md, s_dn, s_dd,
                 N: tl.constexpr, IS_BF16: tl.constexpr, PAIRS: tl.constexpr,
-                STREAM: tl.constexpr, LAZY: tl.constexpr):
-    """The tiles of all N ranks (``_load_rank``) as a tuple indexed by rank, all N loads issued
-    here, before any arithmetic that waits on them; with LAZY, the empty tuple (each tile is
-    then loaded where its weight is applied, ``_merge_ranks``)."""
+                STREAM: tl.constexpr):
+    """The [rows, BLOCK_D] tiles of lanes ``d`` of all N ranks, as a tuple indexed by rank:
+    32-bit words where PAIRS (two 16-bit values each), else fp32 values. All N loads are
+    issued here, before any arithmetic that waits on them."""
     tiles = ()
-    if not LAZY:
-        for r in tl.static_range(N):
-            tiles = tiles + (_load_rank(data_ptr, data_bits_ptr, src_row, d, md, s_dn, s_dd, r,
-                                        IS_BF16, PAIRS, STREAM),)
+    for r in tl.static_range(N):
+        offs = r * s_dn + src_row[:, None] + d[None, :] * s_dd
+        if PAIRS:
+            if STREAM:
+                w = tl.load(data_bits_ptr + offs, mask=md, other=0,
+                            eviction_policy="evict_first")
+            else:
+                w = tl.load(data_bits_ptr + offs, mask=md, other=0)
+        else:
+            w = load_f32(data_ptr, data_bits_ptr, offs, md, IS_BF16)
+        tiles = tiles + (w,)
     return tiles
 
 
 @triton.jit
-def _merge_ranks(tiles, data_ptr, data_bits_ptr, src_row, s_dn, s_dd,
-                 out_ptr, out_bits_ptr, scales, out_row, d, md,
+def _merge_ranks(tiles, out_ptr, out_bits_ptr, scales, out_row, d, md,
                  N: tl.constexpr, IS_BF16: tl.constexpr, PAIRS: tl.constexpr,
-                 ROWS: tl.constexpr, BLOCK_D: tl.constexpr, NATIVE_BF16: tl.constexpr,
-                 STREAM: tl.constexpr, LAZY: tl.constexpr):
-    """Store sum_r scale_r * tile_r, added in rank order 0..N-1 (the order merge_weights
-    sums the weights in): tile_r is ``tiles[r]``, or with LAZY rank r's tile loaded here,
-    just before it is added (the same sums). (A branch a rank on a one-row program's weight,
-    instead of the select a lane in add_weighted, was 2-23 % slower, median 8 %, at issue
-    47's 17 rows on an H100: docs/perf_history.md, sixteenth pass.)"""
+                 ROWS: tl.constexpr, BLOCK_D: tl.constexpr, NATIVE_BF16: tl.constexpr):
+    """Store sum_r scale_r * tiles[r], added in rank order 0..N-1 (the order merge_weights
+    sums the weights in). (A branch a rank on a one-row program's weight, instead of the
+    select a lane in add_weighted, was 2-23 % slower, median 8 %, at issue 47's 17 rows on
+    an H100: docs/perf_history.md, sixteenth pass.)"""
     acc = tl.zeros((ROWS, BLOCK_D), dtype=tl.float32)
     acc_hi = tl.zeros((ROWS, BLOCK_D), dtype=tl.float32)  # PAIRS only
     for r in tl.static_range(N):
         sc = scales[r][:, None]
-        if LAZY:
-            tile = _load_rank(data_ptr, data_bits_ptr, src_row, d, md, s_dn, s_dd, r,
-                              IS_BF16, PAIRS, STREAM)
-        else:
-            tile = tiles[r]
         if PAIRS:
-            lo, hi = split_pair_f32(tile, IS_BF16)
+            lo, hi = split_pair_f32(tiles[r], IS_BF16)
             acc = add_weighted(acc, sc, lo)
             acc_hi = add_weighted(acc_hi, sc, hi)
         else:
-            acc = add_weighted(acc, sc, tile)
+            acc = add_weighted(acc, sc, tiles[r])
     offs_out = out_row[:, None] + d[None, :]
     if PAIRS:
         w = join_pair_from_f32(acc, acc_hi, IS_BF16, NATIVE_BF16)
@@ -135,7 +118,7 @@ def combine_rows(
     RETURN_LSE: tl.constexpr, IS_BF16: tl.constexpr, PAIRS: tl.constexpr,
     BLOCK_B: tl.constexpr, BLOCK_H: tl.constexpr,
     BLOCK_D: tl.constexpr, STREAM: tl.constexpr, ONE_TILE: tl.constexpr, WIDE: tl.constexpr,
-    NATIVE_BF16: tl.constexpr, LAZY: tl.constexpr,
+    NATIVE_BF16: tl.constexpr,
 ):
     """out[b, h, :] = sum_r scale_r * data[r, b, h, :] for this program's rows (BLOCK_B tokens
     x BLOCK_H local heads, ``merge_math.program_rows``): the combine kernel (launched on the
@@ -146,9 +129,7 @@ def combine_rows(
     the strides count words, and a packed LSE is the word at index D (LSE_LANES == 1).
     ONE_TILE: the head fits one BLOCK_D tile (no loop over it); WIDE: index in int64 (some
     offset may pass 2^31), else int32. NATIVE_BF16: round bf16 outputs with the GPU's
-    conversion instruction (the same bits, see merge_math; compiled, sm_80 or newer only).
-    LAZY: each rank's tile is loaded where its weight is applied, not all N first: fewer
-    registers a thread, so more programs resident at once (``tuning.Launch.lazy``)."""
+    conversion instruction (the same bits, see merge_math; compiled, sm_80 or newer only)."""
     b, h, row_ok = program_rows(B, HPR, BLOCK_B, BLOCK_H, WIDE)
     src_row = b * s_db + h * s_dh
     out_row = (b * HPR + h) * D
@@ -163,21 +144,19 @@ def combine_rows(
         d = tl.arange(0, BLOCK_D)
         md = row_ok[:, None] & (d < D)[None, :]
         tiles = _load_ranks(data_ptr, data_bits_ptr, src_row, d, md, s_dn, s_dd,
-                            N, IS_BF16, PAIRS, STREAM, LAZY)
+                            N, IS_BF16, PAIRS, STREAM)
         scales, g = merge_weights(lses, N, BASE_E)
-        _merge_ranks(tiles, data_ptr, data_bits_ptr, src_row, s_dn, s_dd,
-                     out_ptr, out_bits_ptr, scales, out_row, d, md,
-                     N, IS_BF16, PAIRS, ROWS, BLOCK_D, NATIVE_BF16, STREAM, LAZY)
+        _merge_ranks(tiles, out_ptr, out_bits_ptr, scales, out_row, d, md,
+                     N, IS_BF16, PAIRS, ROWS, BLOCK_D, NATIVE_BF16)
     else:
         scales, g = merge_weights(lses, N, BASE_E)
         for d0 in range(0, D, BLOCK_D):
             d = d0 + tl.arange(0, BLOCK_D)
             md = row_ok[:, None] & (d < D)[None, :]
             tiles = _load_ranks(data_ptr, data_bits_ptr, src_row, d, md, s_dn, s_dd,
-                                N, IS_BF16, PAIRS, STREAM, LAZY)
-            _merge_ranks(tiles, data_ptr, data_bits_ptr, src_row, s_dn, s_dd,
-                         out_ptr, out_bits_ptr, scales, out_row, d, md,
-                         N, IS_BF16, PAIRS, ROWS, BLOCK_D, NATIVE_BF16, STREAM, LAZY)
+                                N, IS_BF16, PAIRS, STREAM)
+            _merge_ranks(tiles, out_ptr, out_bits_ptr, scales, out_row, d, md,
+                         N, IS_BF16, PAIRS, ROWS, BLOCK_D, NATIVE_BF16)
     if RETURN_LSE:
         tl.store(lse_out_ptr + b * HPR + h, g, mask=row_ok)
 
@@ -251,8 +230,8 @@ def _combine_plan(cfg, N, B, hpr, lanes, lse_lanes, return_lse, is_lse_base_on_e
         N=N, LSE_LANES=lse_lanes, BASE_E=is_lse_base_on_e, RETURN_LSE=return_lse,
         IS_BF16=dtype == torch.bfloat16, PAIRS=pairs, BLOCK_B=cfg.block_b, BLOCK_H=cfg.block_h,
         BLOCK_D=cfg.block_d, STREAM=cfg.stream, ONE_TILE=cfg.block_d >= lanes, WIDE=wide,
-        NATIVE_BF16=native_bf16(dtype, cfg.num_warps), LAZY=cfg.lazy, num_warps=cfg.num_warps,
-        **NO_CONTRACTION)
+        NATIVE_BF16=native_bf16(dtype, cfg.num_warps), num_warps=cfg.num_warps,
+        **NO_CONTRACTION, **({"maxnreg": cfg.max_regs} if cfg.max_regs else {}))
 
 
 def combine_launch_args(data, lse, N, B, hpr, D, lse_lanes, return_lse, is_lse_base_on_e):

@@ -26,7 +26,7 @@ class Launch:
     slab: bool = False  # pack only: the slab kernel, BLOCK_H heads (4 | BLOCK_H | H/N) a chunk
     lane_loads: bool = False  # pack's row kernel: loads in the stores' layout (no shared memory)
     head_major: bool = False  # pack: the grid's first axis walks heads (see ``grid``)
-    lazy: bool = False  # combine: each rank's tile loaded where it is added, not all N first
+    max_regs: int = 0  # combine: registers a thread at most (ptxas's maxnreg); 0: its choice
 
     def grid(self, batch: int, heads: int) -> tuple[int, int]:
         """(token blocks, head blocks), or with ``head_major`` (head blocks, token blocks):
@@ -64,8 +64,8 @@ class Rule:
     ``max_head_lanes`` only heads of at least / at most that many lanes, with ``max_ranks``
     only groups of at most that many ranks (a combine thread's loads in flight are N x its
     lanes: fewer ranks, fewer bytes in flight a warp), with ``min_ranks`` only groups of at
-    least that many. ``lazy`` (combine): each rank's tile is loaded where its weight is
-    applied, not all N tiles first (``Launch.lazy``)."""
+    least that many. ``max_regs`` (combine): a thread's registers capped there (``maxnreg``,
+    so that more programs are resident at once; ptxas keeps fewer loads in flight or spills)."""
 
     max_rows: float
     block_d_cap: int
@@ -85,7 +85,7 @@ class Rule:
     min_rows: int = 0
     max_ranks: int = 0
     min_ranks: int = 0
-    lazy: bool = False
+    max_regs: int = 0
 
     def launch(self, batch: int, heads: int, head_lanes: int, ranks: int = 1,
                slab_ok: bool = False, any_size: bool = False) -> Launch | None:
@@ -119,7 +119,8 @@ class Rule:
         elif self.one_peer_warps and block_h == 2 * slab and block_h * block_d == lanes:
             block_h = slab  # a full program that straddled two peers: one peer's slab instead
         return Launch(block_h, block_d, warps, self.stream, block_b,
-                      lane_loads=self.lane_loads, head_major=self.head_major, lazy=self.lazy)
+                      lane_loads=self.lane_loads, head_major=self.head_major,
+                      max_regs=self.max_regs)
 
 
 _ANY = float("inf")
@@ -426,7 +427,7 @@ def launch(kind: str, batch: int, heads: int, head_lanes: int, ranks: int = 1,
                                     o.stream, slab=True, head_major=o.head_major), batch)
         return _compiled(Launch(_fit(o.block_h, heads), block_d, o.num_warps, o.stream,
                                 _fit(o.block_b, batch), lane_loads=o.lane_loads,
-                                head_major=o.head_major, lazy=o.lazy), batch)
+                                head_major=o.head_major, max_regs=o.max_regs), batch)
     rules = INTERPRETER[kind] if _env.INTERPRET else ACTIVE[kind]
     key = (kind, batch, heads, head_lanes, ranks, slab_ok)
     hit = _CHOSEN.get(key)

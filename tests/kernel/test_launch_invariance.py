@@ -47,8 +47,7 @@ def _configs(out, n):
     src, lanes, lanes_p, _ = pack.lanes_of(out, dcp_a2a.lse_pack_dim(out.dtype))
     slab_ok = pack.slab_fits(src, lanes, lanes_p, heads // n)
     lists = {"pack": tuning.every_launch("pack", b, heads, lanes, n, slab_ok),
-             "combine": _both_loads(tuning.every_launch("combine", b, heads // n, lanes, n),
-                                    lanes),
+             "combine": tuning.every_launch("combine", b, heads // n, lanes, n),
              "scale": tuning.every_launch("scale", b, heads, d)}
     if out.device.type == "cpu":
         lists = {k: _interpreted(v) for k, v in lists.items()}
@@ -56,28 +55,15 @@ def _configs(out, n):
     return [{k: v[i % len(v)] for k, v in lists.items()} for i in range(runs)]
 
 
-def _both_loads(launches, lanes):
-    """The combine's launches, each also with the other order of loads (``Launch.lazy``: a
-    rank's tile loaded where it is added, or all N first), and the first launch with its head
-    split in two tiles (the loop over a head's tiles) both ways: when a tile is loaded may not
-    change a bit."""
-    split = dataclasses.replace(launches[0], block_d=max(1, launches[0].block_d // 2))
-    both = []
-    for cfg in launches + ([split] if split.block_d < lanes else []):
-        for c in (cfg, dataclasses.replace(cfg, lazy=not cfg.lazy)):
-            if c not in both:
-                both.append(c)
-    return both
-
-
 def _interpreted(launches):
     """The launches the interpreter can tell apart. It runs a program as numpy over whole blocks:
-    ``num_warps`` (a launch option, never a constexpr of ours) changes nothing it executes, so
+    ``num_warps`` and ``max_regs`` (launch options, never constexprs of ours) change nothing it
+    executes, so
     launches differing only there would repeat the same run (on the CPU they were 10 a kind,
     not 4, and this test's 51 s of CI time)."""
     seen, keys = [], set()
     for cfg in launches:
-        key = dataclasses.replace(cfg, num_warps=1)
+        key = dataclasses.replace(cfg, num_warps=1, max_regs=0)
         if key not in keys:
             keys.add(key)
             seen.append(cfg)
