@@ -231,7 +231,7 @@ def _combine_plan(cfg, N, B, hpr, lanes, lse_lanes, return_lse, is_lse_base_on_e
         IS_BF16=dtype == torch.bfloat16, PAIRS=pairs, BLOCK_B=cfg.block_b, BLOCK_H=cfg.block_h,
         BLOCK_D=cfg.block_d, STREAM=cfg.stream, ONE_TILE=cfg.block_d >= lanes, WIDE=wide,
         NATIVE_BF16=native_bf16(dtype, cfg.num_warps), num_warps=cfg.num_warps,
-        **NO_CONTRACTION, **({"maxnreg": cfg.max_regs} if cfg.max_regs else {}))
+        **NO_CONTRACTION)
 
 
 def combine_launch_args(data, lse, N, B, hpr, D, lse_lanes, return_lse, is_lse_base_on_e):

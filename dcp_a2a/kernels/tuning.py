@@ -26,7 +26,6 @@ class Launch:
     slab: bool = False  # pack only: the slab kernel, BLOCK_H heads (4 | BLOCK_H | H/N) a chunk
     lane_loads: bool = False  # pack's row kernel: loads in the stores' layout (no shared memory)
     head_major: bool = False  # pack: the grid's first axis walks heads (see ``grid``)
-    max_regs: int = 0  # combine: registers a thread at most (ptxas's maxnreg); 0: its choice
 
     def grid(self, batch: int, heads: int) -> tuple[int, int]:
         """(token blocks, head blocks), or with ``head_major`` (head blocks, token blocks):
@@ -64,8 +63,7 @@ class Rule:
     ``max_head_lanes`` only heads of at least / at most that many lanes, with ``max_ranks``
     only groups of at most that many ranks (a combine thread's loads in flight are N x its
     lanes: fewer ranks, fewer bytes in flight a warp), with ``min_ranks`` only groups of at
-    least that many. ``max_regs`` (combine): a thread's registers capped there (``maxnreg``,
-    so that more programs are resident at once; ptxas keeps fewer loads in flight or spills)."""
+    least that many."""
 
     max_rows: float
     block_d_cap: int
@@ -85,7 +83,6 @@ class Rule:
     min_rows: int = 0
     max_ranks: int = 0
     min_ranks: int = 0
-    max_regs: int = 0
 
     def launch(self, batch: int, heads: int, head_lanes: int, ranks: int = 1,
                slab_ok: bool = False, any_size: bool = False) -> Launch | None:
@@ -119,8 +116,7 @@ class Rule:
         elif self.one_peer_warps and block_h == 2 * slab and block_h * block_d == lanes:
             block_h = slab  # a full program that straddled two peers: one peer's slab instead
         return Launch(block_h, block_d, warps, self.stream, block_b,
-                      lane_loads=self.lane_loads, head_major=self.head_major,
-                      max_regs=self.max_regs)
+                      lane_loads=self.lane_loads, head_major=self.head_major)
 
 
 _ANY = float("inf")
@@ -165,6 +161,41 @@ _COMBINE_EIGHTEENTH = (  # the first rule that takes a problem gives its launch
     Rule(16384, 512, 128, 2, min_rows=2048, max_head_lanes=32),
     Rule(16384, 512, 256, 2, min_rows=2048, min_head_lanes=33, max_head_lanes=64),
     Rule(16384, 512, 512, 1, min_rows=4096, min_head_lanes=256, max_head_lanes=256,
+         max_ranks=2),
+    Rule(4096, 512, 1, 2),
+    Rule(16384, 512, 1, 4), Rule(_ANY, 256, 8192, 8, per_rank=True),
+)
+# The nineteenth pass (docs/perf_history.md): the eighteenth's rules, but 256-lane heads at
+# 257-512 rows 4 warps in groups of 4 too, 512-lane heads at 513-1024 rows 4 warps in groups
+# of 4 and 2 warps in groups of 8, and 128-lane heads in groups of 2 at 2049-4096 rows four
+# heads and 4 warps a program.
+_COMBINE_NINETEENTH = (  # the first rule that takes a problem gives its launch
+    Rule(128, 512, 1, 4, max_head_lanes=128),
+    Rule(128, 512, 1, 4, min_head_lanes=256, max_head_lanes=256, max_ranks=4),
+    Rule(128, 512, 1, 8),
+    Rule(512, 512, 1, 4, min_head_lanes=512, max_head_lanes=512, max_ranks=4),
+    Rule(512, 512, 1, 2, min_head_lanes=512, max_head_lanes=512),
+    Rule(512, 512, 1, 4, min_rows=256, min_head_lanes=256, max_head_lanes=256, max_ranks=4),
+    Rule(512, 512, 1, 1, min_rows=256, min_head_lanes=256, max_head_lanes=256),
+    Rule(2048, 512, 64, 2, min_rows=256, min_head_lanes=32, max_head_lanes=32),
+    Rule(2048, 512, 128, 2, min_rows=256, min_head_lanes=64, max_head_lanes=64),
+    Rule(2048, 512, 256, 4, min_rows=256, min_head_lanes=128, max_head_lanes=128),
+    Rule(256, 512, 128, 4, max_head_lanes=64),
+    Rule(256, 512, 1, 2, min_head_lanes=128, max_head_lanes=128),
+    Rule(256, 512, 1, 4, min_head_lanes=256),
+    Rule(256, 512, 1, 8),
+    Rule(512, 512, 1, 1, max_head_lanes=64), Rule(512, 512, 1, 2, max_head_lanes=128),
+    Rule(512, 512, 1, 4),
+    Rule(1024, 512, 1, 4, min_head_lanes=512, max_head_lanes=512, max_ranks=4),
+    Rule(1024, 512, 1, 2, min_head_lanes=512, max_head_lanes=512),
+    Rule(1024, 512, 1, 2, min_head_lanes=256, max_head_lanes=256, max_ranks=4),
+    Rule(1024, 512, 1, 1),
+    Rule(4096, 512, 1, 2, min_rows=2048, min_head_lanes=33, max_head_lanes=63, min_ranks=8),
+    Rule(16384, 512, 128, 2, min_rows=2048, max_head_lanes=32),
+    Rule(16384, 512, 256, 2, min_rows=2048, min_head_lanes=33, max_head_lanes=64),
+    Rule(16384, 512, 512, 1, min_rows=4096, min_head_lanes=256, max_head_lanes=256,
+         max_ranks=2),
+    Rule(4096, 512, 512, 4, min_rows=2048, min_head_lanes=128, max_head_lanes=128,
          max_ranks=2),
     Rule(4096, 512, 1, 2),
     Rule(16384, 512, 1, 4), Rule(_ANY, 256, 8192, 8, per_rank=True),
@@ -272,7 +303,7 @@ TABLE: dict[str, tuple[Rule, ...]] = {
     # --changed-from, a63fcd4): 161 faster or within 1 %, none missed that had been met; the
     # two slower, 40-lane heads (D=80) at 4096 rows in groups of 8 (0.61-0.63 of the engine
     # design against 0.55), keep one head and 2 warps there.
-    "combine": _COMBINE_EIGHTEENTH,
+    "combine": _COMBINE_NINETEENTH,
     # the AG+RS weighting kernel (a read and a write of the local output)
     "scale": (Rule(_ANY, 512, 4096, 4),),
 }
@@ -359,6 +390,7 @@ CANDIDATES: dict[str, dict[str, tuple[Rule, ...]]] = {
     # the combine rules of the seventeenth pass (8 warps for small heads up to 256 rows, one
     # head a program up to 16k rows)
     "combine_seventeenth_pass": {**TABLE, "combine": _COMBINE_SEVENTEENTH},
+    "combine_eighteenth_pass": {**TABLE, "combine": _COMBINE_EIGHTEENTH},
     # ... and with four 40-lane heads a program at 2k-4k rows in groups of 8 too (a63fcd4)
     "combine_a63fcd4": {**TABLE, "combine": tuple(r for r in _COMBINE_EIGHTEENTH
                                                    if not r.min_ranks)},
@@ -427,7 +459,7 @@ def launch(kind: str, batch: int, heads: int, head_lanes: int, ranks: int = 1,
                                     o.stream, slab=True, head_major=o.head_major), batch)
         return _compiled(Launch(_fit(o.block_h, heads), block_d, o.num_warps, o.stream,
                                 _fit(o.block_b, batch), lane_loads=o.lane_loads,
-                                head_major=o.head_major, max_regs=o.max_regs), batch)
+                                head_major=o.head_major), batch)
     rules = INTERPRETER[kind] if _env.INTERPRET else ACTIVE[kind]
     key = (kind, batch, heads, head_lanes, ranks, slab_ok)
     hit = _CHOSEN.get(key)

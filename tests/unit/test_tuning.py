@@ -190,7 +190,7 @@ COMBINE_DECODE = [
     # fp32 D=512 in groups of 8 from 129 to 512 rows: 2 warps (4 in smaller groups)
     ((16, 128, 8, 512), (1, 2)), ((32, 128, 8, 512), (1, 2)), ((32, 64, 4, 512), (1, 4)),
     # groups of 2: 4 warps for 256-lane heads to 512 rows, 512-lane heads to 1024 rows
-    ((64, 16, 2, 256), (1, 4)), ((128, 16, 2, 512), (1, 4)), ((128, 64, 8, 512), (1, 1)),
+    ((64, 16, 2, 256), (1, 4)), ((128, 16, 2, 512), (1, 4)),
     # 2k-16k rows: four heads of at most 64 lanes and 2 warps a program; 256-lane heads in
     # groups of 2 two heads and one warp
     ((512, 16, 2, 40), (4, 2)), ((1024, 32, 4, 32), (4, 2)), ((1024, 64, 4, 64), (4, 2)),
@@ -199,6 +199,12 @@ COMBINE_DECODE = [
     # ... except 40-lane heads to 4096 rows in groups of 8: one head and 2 warps
     ((256, 128, 8, 40), (1, 2)), ((512, 128, 8, 40), (4, 2)), ((256, 128, 8, 64), (4, 2)),
     ((256, 64, 4, 40), (4, 2)),
+    # nineteenth pass (the eighteenth pass's grid): 256-lane heads at 257-512 rows in groups
+    # of 4: 4 warps; 512-lane heads at 513-1024 rows: 4 warps in groups of 4, 2 in groups of
+    # 8; 128-lane heads in groups of 2 at 2049-4096 rows: four heads and 4 warps a program
+    ((32, 64, 4, 256), (1, 4)), ((64, 32, 4, 256), (1, 4)), ((32, 128, 8, 256), (1, 1)),
+    ((128, 32, 4, 512), (1, 4)), ((64, 64, 4, 512), (1, 4)), ((64, 128, 8, 512), (1, 2)),
+    ((128, 64, 8, 512), (1, 2)), ((512, 16, 2, 128), (4, 4)), ((512, 32, 4, 128), (1, 2)),
 ]
 
 
