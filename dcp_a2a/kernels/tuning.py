@@ -165,10 +165,8 @@ _COMBINE_EIGHTEENTH = (  # the first rule that takes a problem gives its launch
     Rule(4096, 512, 1, 2),
     Rule(16384, 512, 1, 4), Rule(_ANY, 256, 8192, 8, per_rank=True),
 )
-# The nineteenth pass (docs/perf_history.md): the eighteenth's rules, but 256-lane heads at
-# 257-512 rows 4 warps in groups of 4 too, 512-lane heads at 513-1024 rows 4 warps in groups
-# of 4 and 2 warps in groups of 8, and 128-lane heads in groups of 2 at 2049-4096 rows four
-# heads and 4 warps a program.
+# The nineteenth pass: the eighteenth's rules but three (TABLE's comment says what each rule
+# was chosen from).
 _COMBINE_NINETEENTH = (  # the first rule that takes a problem gives its launch
     Rule(128, 512, 1, 4, max_head_lanes=128),
     Rule(128, 512, 1, 4, min_head_lanes=256, max_head_lanes=256, max_ranks=4),
@@ -303,6 +301,13 @@ TABLE: dict[str, tuple[Rule, ...]] = {
     # --changed-from, a63fcd4): 161 faster or within 1 %, none missed that had been met; the
     # two slower, 40-lane heads (D=80) at 4096 rows in groups of 8 (0.61-0.63 of the engine
     # design against 0.55), keep one head and 2 warps there.
+    # (nineteenth pass: the eighteenth pass's grid on an H100 and every candidate launch at its
+    # 42 points above 1.0, docs/perf_data/issue47_grid_misses_eighteenth_h100.json) 256-lane
+    # heads from 257 to 512 rows 4 warps in groups of 4 too (0.94-0.96 of the engine design
+    # against 1.00-1.03 at one warp); 512-lane heads (fp32 D=512) from 513 to 1024 rows 4 warps
+    # in groups of up to 4 (0.996-1.000 against 1.056-1.057 at one warp) and 2 in groups of 8
+    # (0.980-0.995 against 1.017-1.042); 128-lane heads in groups of 2 from 2k to 4k rows, four
+    # heads and 4 warps a program (fp32 D=128 at 4096 rows: 0.637 against 1.010).
     "combine": _COMBINE_NINETEENTH,
     # the AG+RS weighting kernel (a read and a write of the local output)
     "scale": (Rule(_ANY, 512, 4096, 4),),
