@@ -137,8 +137,8 @@ _COMBINE_SEVENTEENTH = (
     Rule(1024, 512, 1, 1), Rule(4096, 512, 1, 2),
     Rule(16384, 512, 1, 4), Rule(_ANY, 256, 8192, 8, per_rank=True),
 )
-# The nineteenth pass: the eighteenth's rules but three (TABLE's comment says what each rule
-# was chosen from).
+# The nineteenth pass: the eighteenth's rules with two edited and two added (TABLE's comment
+# says what each rule was chosen from).
 _COMBINE_NINETEENTH = (  # the first rule that takes a problem gives its launch
     Rule(128, 512, 1, 4, max_head_lanes=128),
     Rule(128, 512, 1, 4, min_head_lanes=256, max_head_lanes=256, max_ranks=4),

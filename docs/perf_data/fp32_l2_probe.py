@@ -21,11 +21,11 @@ one step towards ours:
 and ours is timed at its table's launch and at one head a program with 1, 2, 4 and 8 warps.
 The registers and spills of every kernel compiled are printed and kept (Triton's caches).
 
-Tried with it on an H100 (2026-12-06; docs/perf_history.md, nineteenth pass): ours with each
-rank's tile loaded where it is added (ptxas hoisted the loads anyway: the same SASS) and with
-a thread's registers capped (maxnreg 128/64/48/32 at 1/2/2/4 warps, where every program of
-2048 rows would fit the SMs at once: spills, 2.0-3.1 x the engine design,
-``fp32_l2_probe_caps_h100.json``). The
+Tried beside it (2026-12-06; docs/perf_history.md, nineteenth pass): ours with each rank's
+tile loaded where it is added (compiled offline with Triton 3.6 for sm_90: ptxas hoisted the
+loads anyway, the same SASS) and, timed on an H100, with a thread's registers capped (maxnreg
+128/64/48/32 at 1/2/2/4 warps, where every program of 2048 rows would fit the SMs at once:
+spills, 2.0-3.1 x the engine design, ``fp32_l2_probe_caps_h100.json``). The
 same interleaved rounds of CUDA-graph replays as the grid (``bench.timed_rounds``); every
 variant's output is checked against ours within 2^-6 first. Prints the median per-round ratio
 of each variant over the engine design per point; the JSON keeps every round.
