@@ -118,7 +118,7 @@ def combine_rows(
     RETURN_LSE: tl.constexpr, IS_BF16: tl.constexpr, PAIRS: tl.constexpr,
     BLOCK_B: tl.constexpr, BLOCK_H: tl.constexpr,
     BLOCK_D: tl.constexpr, STREAM: tl.constexpr, ONE_TILE: tl.constexpr, WIDE: tl.constexpr,
-    NATIVE_BF16: tl.constexpr,
+    NATIVE_BF16: tl.constexpr, SPLIT_D: tl.constexpr,
 ):
     """out[b, h, :] = sum_r scale_r * data[r, b, h, :] for this program's rows (BLOCK_B tokens
     x BLOCK_H local heads, ``merge_math.program_rows``): the combine kernel (launched on the
@@ -129,7 +129,9 @@ def combine_rows(
     the strides count words, and a packed LSE is the word at index D (LSE_LANES == 1).
     ONE_TILE: the head fits one BLOCK_D tile (no loop over it); WIDE: index in int64 (some
     offset may pass 2^31), else int32. NATIVE_BF16: round bf16 outputs with the GPU's
-    conversion instruction (the same bits, see merge_math; compiled, sm_80 or newer only)."""
+    conversion instruction (the same bits, see merge_math; compiled, sm_80 or newer only).
+    SPLIT_D > 1 (with ONE_TILE): the grid's third axis picks the BLOCK_D tile of the head this
+    program writes (each of the SPLIT_D programs of a row computes the same weights)."""
     b, h, row_ok = program_rows(B, HPR, BLOCK_B, BLOCK_H, WIDE)
     src_row = b * s_db + h * s_dh
     out_row = (b * HPR + h) * D
@@ -142,6 +144,8 @@ def combine_rows(
     # shape; docs/perf_history.md.)
     if ONE_TILE:
         d = tl.arange(0, BLOCK_D)
+        if SPLIT_D > 1:
+            d = d + tl.program_id(2) * BLOCK_D
         md = row_ok[:, None] & (d < D)[None, :]
         tiles = _load_ranks(data_ptr, data_bits_ptr, src_row, d, md, s_dn, s_dd,
                             N, IS_BF16, PAIRS, STREAM)
@@ -158,7 +162,10 @@ def combine_rows(
             _merge_ranks(tiles, out_ptr, out_bits_ptr, scales, out_row, d, md,
                          N, IS_BF16, PAIRS, ROWS, BLOCK_D, NATIVE_BF16)
     if RETURN_LSE:
-        tl.store(lse_out_ptr + b * HPR + h, g, mask=row_ok)
+        if SPLIT_D == 1:
+            tl.store(lse_out_ptr + b * HPR + h, g, mask=row_ok)
+        elif tl.program_id(2) == 0:  # one program of the row writes its LSE
+            tl.store(lse_out_ptr + b * HPR + h, g, mask=row_ok)
 
 
 @triton.jit
@@ -229,8 +236,9 @@ def _combine_plan(cfg, N, B, hpr, lanes, lse_lanes, return_lse, is_lse_base_on_e
     return cfg.grid(B, hpr), dict(
         N=N, LSE_LANES=lse_lanes, BASE_E=is_lse_base_on_e, RETURN_LSE=return_lse,
         IS_BF16=dtype == torch.bfloat16, PAIRS=pairs, BLOCK_B=cfg.block_b, BLOCK_H=cfg.block_h,
-        BLOCK_D=cfg.block_d, STREAM=cfg.stream, ONE_TILE=cfg.block_d >= lanes, WIDE=wide,
-        NATIVE_BF16=native_bf16(dtype, cfg.num_warps), num_warps=cfg.num_warps,
+        BLOCK_D=cfg.block_d, STREAM=cfg.stream, ONE_TILE=cfg.block_d * cfg.split_d >= lanes,
+        WIDE=wide, NATIVE_BF16=native_bf16(dtype, cfg.num_warps), SPLIT_D=cfg.split_d,
+        num_warps=cfg.num_warps,
         **NO_CONTRACTION)
 
 

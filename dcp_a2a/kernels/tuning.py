@@ -26,13 +26,18 @@ class Launch:
     slab: bool = False  # pack only: the slab kernel, BLOCK_H heads (4 | BLOCK_H | H/N) a chunk
     lane_loads: bool = False  # pack's row kernel: loads in the stores' layout (no shared memory)
     head_major: bool = False  # pack: the grid's first axis walks heads (see ``grid``)
+    # combine: programs a head, each one BLOCK_D tile of its lanes (split_d x block_d covers
+    # the head; a grid's third axis): fewer registers a program, more programs
+    split_d: int = 1
 
-    def grid(self, batch: int, heads: int) -> tuple[int, int]:
+    def grid(self, batch: int, heads: int) -> tuple[int, ...]:
         """(token blocks, head blocks), or with ``head_major`` (head blocks, token blocks):
         programs are dispatched first axis first, so those running at once then read one
-        token's heads (consecutive bytes), not one head of consecutive tokens (H x D apart)."""
+        token's heads (consecutive bytes), not one head of consecutive tokens (H x D apart).
+        With ``split_d`` > 1, a third axis: the tile of the head."""
         tokens, head_blocks = -(-batch // self.block_b), -(-heads // self.block_h)
-        return (head_blocks, tokens) if self.head_major else (tokens, head_blocks)
+        grid = (head_blocks, tokens) if self.head_major else (tokens, head_blocks)
+        return grid + (self.split_d,) if self.split_d > 1 else grid
 
 
 @dataclass(frozen=True)
@@ -442,10 +447,15 @@ def launch(kind: str, batch: int, heads: int, head_lanes: int, ranks: int = 1,
     """The launch for kernel ``kind`` over ``batch`` tokens of ``heads`` heads of
     ``head_lanes`` lanes, in a group of ``ranks`` (the rules select on the rows, batch x
     heads; ``slab_ok``: the pack's slab kernel fits the problem). An override asking for the
-    slab kernel gets it where it fits, the row kernel elsewhere."""
+    slab kernel gets it where it fits, the row kernel elsewhere; one asking for ``split_d``
+    gets the head's lanes in that many tiles a program (the combine)."""
     if OVERRIDES and kind in OVERRIDES:
         o = OVERRIDES[kind]
         block_d = min(o.block_d, next_pow2(head_lanes))
+        if o.split_d > 1:  # tiles of the head's power of two over split_d (block_d unused)
+            block_d = max(1, next_pow2(head_lanes) // o.split_d)
+            return _compiled(Launch(_fit(o.block_h, heads), block_d, o.num_warps, o.stream,
+                                    split_d=-(-head_lanes // block_d)), batch)
         if o.slab and slab_ok:
             return _compiled(Launch(slab_heads(o.block_h, heads, ranks), block_d, o.num_warps,
                                     o.stream, slab=True, head_major=o.head_major), batch)

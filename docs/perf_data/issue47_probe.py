@@ -16,7 +16,8 @@
    band (bench variants only: the table is not changed without this measurement): one
    (token, local head) a program, the whole head in one tile, 1, 2, 4 or 8 warps (those the
    table does not already give), two heads a program at 1, 2 or 4 warps ("h2_w*", where the
-   table gives one), the table's launch with the 16-bit lanes moved one by one instead of
+   table gives one), a head's lanes split over 2 programs at 1, 2 or 4 warps or over 4 at 1
+   or 2 ("d2_w*", "d4_w*": fewer registers a program; where each gets 32 lanes or more), the table's launch with the 16-bit lanes moved one by one instead of
    paired into words ("elements"), with the other bf16 rounding ("int_cvt": the integer one
    where the table's launch rounds natively; "native_cvt" where it does not), and with
    multiply-add contraction allowed ("fma": what bitwise determinism costs; not a candidate,
@@ -122,10 +123,11 @@ def word_lanes(d, dtype_name):
     return d // 2 if dcp_a2a.lse_pack_dim(getattr(torch, dtype_name)) == 2 and d % 2 == 0 else d
 
 
-def variants_at(b, h, d, n, dtype_name, device, fma=True, was=None):
+def variants_at(b, h, d, n, dtype_name, device, fma=True, was=None, only=None):
     """({name: zero-argument unpack}, bytes moved), each checked first: candidates bit for bit
     against ours, the baselines within 2^-6; ``fma=False`` leaves out the contraction run.
-    ``was``: a launch (another table's) timed as the only candidate."""
+    ``was``: a launch (another table's) timed as the only candidate. ``only``: name
+    prefixes; the candidates kept (the baselines always are)."""
     p, recv, nbytes = wire(b, h, d, n, dtype_name, device)
     hpr = h // n
     ours = lambda: dcp_a2a.unpack_combine(recv, d, p, False, True)  # noqa: E731
@@ -144,6 +146,10 @@ def variants_at(b, h, d, n, dtype_name, device, fma=True, was=None):
         if table.block_h != heads and hpr >= heads and (heads == 2 or lanes <= 128):
             for w in (1, 2, 4):
                 v[f"h{heads}_w{w}"] = with_launch(tuning.Launch(heads, 1 << 30, w), ours)
+    for split, warps in ((2, (1, 2, 4)), (4, (1, 2))):  # a head's lanes over several programs
+        if lanes // split >= 32:
+            for w in warps:
+                v[f"d{split}_w{w}"] = with_launch(tuning.Launch(1, 0, w, split_d=split), ours)
     if lanes != d:
         v["elements"] = unpaired(ours)
     same = dataclasses.replace(table)  # the table's launch, a new object (plans built again)
@@ -156,6 +162,9 @@ def variants_at(b, h, d, n, dtype_name, device, fma=True, was=None):
     # (not a candidate: packed and two_collective could then differ in the last bit)
     if fma:
         v["fma"] = patched(ours, "NO_CONTRACTION", {"enable_fp_fusion": True}, same)
+    if only:
+        v = {k: f for k, f in v.items()
+             if k in ("ours", "engine", "sf") or k.startswith(tuple(only))}
     return _checked(v, ours, b, h, d, n, dtype_name), nbytes
 
 
@@ -184,9 +193,9 @@ def wall_timer(fn, nbytes):
     return (time.perf_counter() - t0) * 1e6, "wall"
 
 
-def graph_row(point, device, rounds, timer, fma=True, was=None):
+def graph_row(point, device, rounds, timer, fma=True, was=None, only=None):
     b, h, d, n, dt = point
-    v, nbytes = variants_at(b, h, d, n, dt, device, fma, was)
+    v, nbytes = variants_at(b, h, d, n, dt, device, fma, was, only)
     med, times, method = bench.timed_rounds(v, nbytes, rounds, timer)
 
     def per_round(a, e):
@@ -278,7 +287,11 @@ def main(argv=None) -> int:
                     help="with --from-grid: instead of its misses, every point whose combine "
                          "launch TABLE (a name in tuning.CANDIDATES) chose otherwise, timed "
                          "beside that launch ('was')")
+    ap.add_argument("--only", metavar="PREFIXES",
+                    help="comma-separated name prefixes: time only these candidates (e.g. "
+                         "'d' for the split heads) beside ours and the baselines")
     args = ap.parse_args(argv)
+    only = args.only.split(",") if args.only else None
     t0 = time.time()
     if args.smoke:
         # where the suite runs the kernels: the GPU if any (the interpreter is off there)
@@ -304,7 +317,7 @@ def main(argv=None) -> int:
             skipped.append(point)
             continue
         graph.append(graph_row(point, device, rounds, timer, fma=not args.from_grid,
-                               was=was.get(point)))
+                               was=was.get(point), only=only))
         print(f"  graph {point}: ours/engine {graph[-1]['ours_over_engine']:.3f} "
               f"({time.time() - t0:.0f} s)", file=sys.stderr, flush=True)
     eager_rows = []

@@ -49,6 +49,9 @@ def _configs(out, n):
     lists = {"pack": tuning.every_launch("pack", b, heads, lanes, n, slab_ok),
              "combine": tuning.every_launch("combine", b, heads // n, lanes, n),
              "scale": tuning.every_launch("scale", b, heads, d)}
+    # the combine with a head's lanes split over 2 and 4 programs (the bench's candidates; on
+    # the interpreter's shape the last tile is partly masked, and 4 gives 3 programs a row)
+    lists["combine"] += [tuning.Launch(1, 0, 2, split_d=s) for s in (2, 4)]
     if out.device.type == "cpu":
         lists = {k: _interpreted(v) for k, v in lists.items()}
     runs = max(len(v) for v in lists.values())
