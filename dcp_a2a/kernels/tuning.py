@@ -4,8 +4,8 @@ The table is fixed data, so a CUDA graph captured at one batch size replays the 
 captured, and the tests can run every configuration the table can pick
 (``every_launch``): the kernels' results are bitwise the same under each of them (no FMA
 contraction, fixed summation order; see :mod:`dcp_a2a.kernels.merge_math`). The benchmark
-(``python -m dcp_a2a.testing.bench --sweep``) overrides the table through ``OVERRIDES`` to time variants
-in one run; docs/perf_history.md records what was tried and why these rows won.
+(``python -m dcp_a2a.testing.bench --sweep``) overrides the table through ``OVERRIDES`` to time
+variants in one run; docs/perf_history.md records what was tried and why these rows won.
 """
 
 from __future__ import annotations
@@ -452,6 +452,9 @@ def launch(kind: str, batch: int, heads: int, head_lanes: int, ranks: int = 1,
     if OVERRIDES and kind in OVERRIDES:
         o = OVERRIDES[kind]
         block_d = min(o.block_d, next_pow2(head_lanes))
+        if o.split_d > 1 and kind != "combine":
+            raise ValueError(f"split_d asks for a head over several programs: only the "
+                             f"combine takes it, not the {kind} kernel")
         if o.split_d > 1:  # tiles of the head's power of two over split_d (block_d unused)
             block_d = max(1, next_pow2(head_lanes) // o.split_d)
             return _compiled(Launch(_fit(o.block_h, heads), block_d, o.num_warps, o.stream,

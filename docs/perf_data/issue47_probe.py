@@ -17,8 +17,9 @@
    (token, local head) a program, the whole head in one tile, 1, 2, 4 or 8 warps (those the
    table does not already give), two heads a program at 1, 2 or 4 warps ("h2_w*", where the
    table gives one), a head's lanes split over 2 programs at 1, 2 or 4 warps or over 4 at 1
-   or 2 ("d2_w*", "d4_w*": fewer registers a program; where each gets 32 lanes or more), the table's launch with the 16-bit lanes moved one by one instead of
-   paired into words ("elements"), with the other bf16 rounding ("int_cvt": the integer one
+   or 2 ("d2_w*", "d4_w*": fewer registers a program; where each gets 32 lanes or more),
+   the table's launch with the 16-bit lanes moved one by one instead of paired into words
+   ("elements"), with the other bf16 rounding ("int_cvt": the integer one
    where the table's launch rounds natively; "native_cvt" where it does not), and with
    multiply-add contraction allowed ("fma": what bitwise determinism costs; not a candidate,
    compared within 2^-6). Every candidate's output is checked bit for bit against ours and the

@@ -5,8 +5,8 @@ The identity packed == two_collective is what the accuracy job checks across rea
 H200 it once failed for float32 at B=1 because the compiler contracted ``acc + w * x`` into an
 FMA in one kernel specialisation and not in the other. This test sees that class of bug on one
 device, in one process: all N ranks run in this process (``dcp_a2a.inprocess``), every backend,
-under every configuration of ``dcp_a2a.kernels.tuning.every_launch``. On a GPU it runs the accuracy job's
-grid compiled; on the CPU interpreter a small grid (the same code paths, numpy arithmetic).
+under every configuration of ``dcp_a2a.kernels.tuning.every_launch``. On a GPU it runs the
+accuracy job's grid compiled; on the CPU interpreter a small grid (the same code paths, numpy arithmetic).
 """
 
 from __future__ import annotations

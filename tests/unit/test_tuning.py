@@ -297,3 +297,24 @@ def test_launch_choices_are_cached_for_the_table_in_force(compiled, monkeypatch)
     assert tuning.launch(*args) == first
     monkeypatch.setattr(tuning._env, "INTERPRET", True)
     assert tuning.launch(*args) == tuning.INTERPRETER["combine"].launch(64, 16, 256, 8)
+
+
+@pytest.mark.parametrize("lanes,split,block_d,programs", [
+    (512, 2, 256, 2), (256, 4, 64, 4), (12, 2, 8, 2), (12, 4, 4, 3), (40, 2, 32, 2)])
+def test_a_split_override_covers_the_head_once(monkeypatch, lanes, split, block_d, programs):
+    """An override asking for ``split_d`` gets tiles of the head's power of two over split_d,
+    as many programs a row as cover its lanes (the last tile masked where they do not fill
+    it), and a grid whose third axis walks them; the kernel trusts block_d x split_d >= lanes."""
+    monkeypatch.setattr(tuning._env, "INTERPRET", False)
+    monkeypatch.setitem(tuning.OVERRIDES, "combine", tuning.Launch(1, 0, 2, split_d=split))
+    cfg = tuning.combine_launch(4, 3, 8, lanes)
+    assert (cfg.block_d, cfg.split_d) == (block_d, programs)
+    assert cfg.block_d * cfg.split_d >= lanes > cfg.block_d * (cfg.split_d - 1)
+    assert cfg.grid(3, 8) == (3, 8, programs)
+    assert tuning.Launch(1, 64, 2).grid(3, 8) == (3, 8)
+
+
+def test_split_is_the_combines_alone(monkeypatch):
+    monkeypatch.setitem(tuning.OVERRIDES, "pack", tuning.Launch(1, 0, 2, split_d=2))
+    with pytest.raises(ValueError, match="only the combine"):
+        tuning.pack_launch(3, 8, 64, 4)
