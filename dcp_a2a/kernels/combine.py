@@ -164,7 +164,8 @@ def combine_rows(
     if RETURN_LSE:
         if SPLIT_D == 1:
             tl.store(lse_out_ptr + b * HPR + h, g, mask=row_ok)
-        elif tl.program_id(2) == 0:  # one program of the row writes its LSE
+        elif tl.program_id(2) == 0:  # one program of the row writes its LSE (a branch: the
+            # interpreter takes no mask of a row vector and'ed with a program id)
             tl.store(lse_out_ptr + b * HPR + h, g, mask=row_ok)
 
 
