@@ -451,20 +451,20 @@ def launch(kind: str, batch: int, heads: int, head_lanes: int, ranks: int = 1,
     gets the head's lanes in that many tiles a program (the combine)."""
     if OVERRIDES and kind in OVERRIDES:
         o = OVERRIDES[kind]
-        block_d = min(o.block_d, next_pow2(head_lanes))
-        if o.split_d > 1 and kind != "combine":
-            raise ValueError(f"split_d asks for a head over several programs: only the "
-                             f"combine takes it, not the {kind} kernel")
-        if o.split_d > 1:  # tiles of the head's power of two over split_d (block_d unused)
+        block_d, split_d = min(o.block_d, next_pow2(head_lanes)), 1
+        if o.split_d > 1:
+            if kind != "combine":
+                raise ValueError(f"split_d asks for a head over several programs: only the "
+                                 f"combine takes it, not the {kind} kernel")
+            # tiles of the head's power of two over split_d (block_d unused), as many as cover it
             block_d = max(1, next_pow2(head_lanes) // o.split_d)
-            return _compiled(Launch(_fit(o.block_h, heads), block_d, o.num_warps, o.stream,
-                                    split_d=-(-head_lanes // block_d)), batch)
+            split_d = -(-head_lanes // block_d)
         if o.slab and slab_ok:
             return _compiled(Launch(slab_heads(o.block_h, heads, ranks), block_d, o.num_warps,
                                     o.stream, slab=True, head_major=o.head_major), batch)
         return _compiled(Launch(_fit(o.block_h, heads), block_d, o.num_warps, o.stream,
                                 _fit(o.block_b, batch), lane_loads=o.lane_loads,
-                                head_major=o.head_major), batch)
+                                head_major=o.head_major, split_d=split_d), batch)
     rules = INTERPRETER[kind] if _env.INTERPRET else ACTIVE[kind]
     key = (kind, batch, heads, head_lanes, ranks, slab_ok)
     hit = _CHOSEN.get(key)
