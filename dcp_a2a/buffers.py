@@ -40,21 +40,35 @@ import threading
 import torch
 
 
-def _overlaps(span: tuple, device: torch.device, b: torch.Tensor) -> bool:
-    """Whether the bytes [span) on ``device`` meet any byte of ``b``'s whole storage."""
-    if b.device != device or span[0] == span[1] or b.numel() == 0:
-        return False
-    storage = b.untyped_storage()
-    b0 = storage.data_ptr()
-    return span[0] < b0 + storage.nbytes() and b0 < span[1]
+def _storage_spans(tensors, device: torch.device) -> tuple:
+    """The byte spans [first, one past the last) of the whole storages of ``tensors`` on
+    ``device`` (None, empty tensors and tensors elsewhere left out)."""
+    spans = []
+    for t in tensors:
+        if t is None or t.numel() == 0 or t.device != device:
+            continue
+        storage = t.untyped_storage()
+        start = storage.data_ptr()
+        spans.append((start, start + storage.nbytes()))
+    return tuple(spans)
 
 
 def _capturing(device: torch.device) -> bool:
     return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
 
 
+# The current stream's handle, the value Triton launches our kernels on, read without building
+# a torch.cuda.Stream (torch.cuda.current_stream's few microseconds on every eager call, issue
+# 47); the public call where this torch lacks it.
+_RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
 def _stream_key(device: torch.device):
-    return torch.cuda.current_stream(device).stream_id if device.type == "cuda" else None
+    if device.type != "cuda":
+        return None
+    if _RAW_STREAM is not None and device.index is not None:
+        return _RAW_STREAM(device.index)
+    return torch.cuda.current_stream(device).cuda_stream
 
 
 class StagingBuffers:
@@ -79,10 +93,16 @@ class StagingBuffers:
         if not isinstance(device, torch.device):
             device = torch.device(device)
         if _capturing(device):
-            t = torch.empty(shape, dtype=dtype, device=device)
-            with self._lock:
-                self._captured.append(t)
-            return t
+            return self._pinned(shape, dtype, device)
+        return self._eager_view(shape, dtype, device, tag, _storage_spans(avoid, device))
+
+    def _pinned(self, shape, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        t = torch.empty(shape, dtype=dtype, device=device)
+        with self._lock:
+            self._captured.append(t)
+        return t
+
+    def _eager_view(self, shape, dtype, device, tag, avoid_spans) -> torch.Tensor:
         key = self._eager_key(device, dtype, tag)
         shape = tuple(shape)
         with self._lock:
@@ -97,10 +117,10 @@ class StagingBuffers:
                     self._eager[key] = flat
                 view = flat[:numel].view(shape)
                 start = view.data_ptr()
-                hit = (shape, view, (start, start + numel * view.element_size()))
+                hit = (shape, view, start, start + numel * view.element_size())
                 self._views[key] = hit
-        _, view, span = hit
-        if any(a is not None and _overlaps(span, device, a) for a in avoid):
+        _, view, start, end = hit
+        if start != end and any(start < b1 and b0 < end for b0, b1 in avoid_spans):
             return torch.empty(shape, dtype=dtype, device=device)
         return view
 
@@ -110,9 +130,19 @@ class StagingBuffers:
         return (device, _stream_key(device), dtype, tag)
 
     def wire_pair(self, shape, dtype: torch.dtype, device, tag: str = "wire", avoid=()):
-        """A (send, recv) pair of ``shape``: contiguous, disjoint, not aliasing ``avoid``."""
-        return (self.get(shape, dtype, device, tag + ".send", avoid),
-                self.get(shape, dtype, device, tag + ".recv", avoid))
+        """A (send, recv) pair of ``shape``: contiguous, disjoint, not aliasing ``avoid``:
+        ``get``'s two buffers, with what they share (the capture state, the inputs' spans)
+        read once."""
+        if type(self).get is not StagingBuffers.get:  # a subclass hands out its own memory
+            return (self.get(shape, dtype, device, tag + ".send", avoid),
+                    self.get(shape, dtype, device, tag + ".recv", avoid))
+        if not isinstance(device, torch.device):
+            device = torch.device(device)
+        if _capturing(device):
+            return self._pinned(shape, dtype, device), self._pinned(shape, dtype, device)
+        spans = _storage_spans(avoid, device)
+        return (self._eager_view(shape, dtype, device, tag + ".send", spans),
+                self._eager_view(shape, dtype, device, tag + ".recv", spans))
 
     @property
     def pinned_for_graphs(self) -> int:

@@ -46,14 +46,24 @@ from .wire import (
 _Tensor = torch.Tensor
 _LOOKUP_ERRORS = (AttributeError, TypeError, RuntimeError)  # not a tensor, unhashable, no storage
 CALLS_MAX = 4096  # keys an op keeps (distinct problems); then it starts again
-_PACK_CALLS: dict = {}
-_UNPACK_CALLS: dict = {}
+_TABLES: list = []  # every table of kept keys, ours and lse_reduce's (dcp_a2a.collective)
+
+
+def kept_table() -> dict:
+    """A new table of kept keys, emptied by :func:`forget_calls` with the ops' own."""
+    table: dict = {}
+    _TABLES.append(table)
+    return table
+
+
+_PACK_CALLS = kept_table()
+_UNPACK_CALLS = kept_table()
 
 
 def forget_calls() -> None:
     """Drop every kept key: the next call of each problem is checked in full again."""
-    _PACK_CALLS.clear()
-    _UNPACK_CALLS.clear()
+    for table in _TABLES:
+        table.clear()
 
 
 class _Kept:
@@ -81,8 +91,8 @@ def _keep(calls: dict, key, kept: _Kept) -> None:
     calls[key] = kept
 
 
-def _index_key(t):
-    # None, or what check_seq_meta reads of an index tensor, and its alignment
+def index_key(t):
+    """None, or what check_seq_meta reads of an index tensor ``t``, and its alignment."""
     if t is None:
         return None
     return (type(t), t.shape, t.stride(), t.dtype, t.device, t.data_ptr() & 15)
@@ -113,7 +123,7 @@ def pack_send(out, lse, send, world_size, h_per_rank, head_dim, lse_pack_dim,
                    send.shape, send.stride(), send.dtype, send.device, ps & 15,
                    type(world_size), world_size, type(h_per_rank), h_per_rank,
                    type(head_dim), head_dim, type(lse_pack_dim), lse_pack_dim,
-                   _index_key(seq_lens), _index_key(query_start_loc))
+                   index_key(seq_lens), index_key(query_start_loc))
             kept = _PACK_CALLS.get(key)
         except _LOOKUP_ERRORS:
             key = None

@@ -2,8 +2,9 @@
 
     python docs/perf_data/eager_profile.py [OUT.json] [--calls 2000] [--top 15]
 
-At one decode row (B=64 H=128 D=512 N=8 bfloat16, CUDA tensors), for ``pack_send`` and
-``unpack_combine``: the eager time per call (``dcp_a2a.testing.eager.eager_us``: back-to-back
+At one decode row (B=64 H=128 D=512 N=8 bfloat16, CUDA tensors), for ``pack_send``,
+``unpack_combine`` and ``lse_reduce`` (packed, a group of one: two launches, so no floor or
+launcher of its own): the eager time per call (``dcp_a2a.testing.eager.eager_us``: back-to-back
 calls, one synchronise at the end, median of 5), the same with every Triton launch replaced by a
 no-op (our host work alone, on this machine's CPU and with CUDA tensors; ``host_overhead.py``
 measures it with CPU tensors; a kept problem's Site refuses a stand-in kernel, so this times the
@@ -100,18 +101,27 @@ def main() -> int:
     send = torch.empty(N, B, hpr, D + p, dtype=DTYPE, device=dev)
     dcp_a2a.pack_send(out, lse, send, N, hpr, D, p)
     recv = send.clone()
+    group = dcp_a2a.Group(1, 0, None)
     fns = {"pack_send": lambda: dcp_a2a.pack_send(out, lse, send, N, hpr, D, p),
-           "unpack_combine": lambda: dcp_a2a.unpack_combine(recv, D, p, False, True)}
+           "unpack_combine": lambda: dcp_a2a.unpack_combine(recv, D, p, False, True),
+           "lse_reduce_n1": lambda: dcp_a2a.lse_reduce(out, lse, group)}
     report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
               "python": platform.python_version(), "cpu": platform.processor(),
               "shape": f"B={B} H={H} D={D} N={N} bfloat16", "calls": calls, "ops": {}}
     for op, fn in fns.items():
-        twin, grid, a, kw = eager.capture_launch(fn)
         row = {"eager_us": eager.eager_us(fn, calls, 5, torch.cuda.synchronize)[0],
                "no_launch_us": _without_launches(fn, calls),
-               "floor_us": eager.eager_us(lambda: twin[grid](*a, **kw), calls, 5,
-                                          torch.cuda.synchronize)[0],
                "profile": _profile(fn, calls, args.top)}
+        if op == "lse_reduce_n1":  # two launches: no one floor nor launcher to call
+            row["floor_us"] = row["direct_launch_us"] = None
+            report["ops"][op] = row
+            print(f"{op}: eager {row['eager_us']:.2f} us, our host work alone "
+                  f"{row['no_launch_us']:.2f} us")
+            print(row["profile"])
+            continue
+        twin, grid, a, kw = eager.capture_launch(fn)
+        row["floor_us"] = eager.eager_us(lambda: twin[grid](*a, **kw), calls, 5,
+                                         torch.cuda.synchronize)[0]
         try:
             row["direct_launch_us"] = eager.eager_us(_direct_launch(twin, grid, a, kw), calls,
                                                      5, torch.cuda.synchronize)[0]

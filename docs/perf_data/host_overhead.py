@@ -1,7 +1,8 @@
 """Host time of one eager call (issue 47), without the kernels: pack_send, unpack_combine and
-lse_reduce (packed, a group of one) with every Triton launch replaced by a no-op, so what is
-timed is our own host work (argument checks, views, the launch table, building the launch's
-arguments) and not Triton's launcher nor the GPU. Runs on a CPU machine.
+lse_reduce (packed, a group of one) with every Triton launch replaced by a no-op and every kept
+launch (``launch.Site``) by one that launches nothing, so what is timed is our own host work
+(argument checks, kept keys, staging views, the launch table, building the launch's arguments)
+and not Triton's launcher nor the GPU. Runs on a CPU machine.
 
     python docs/perf_data/host_overhead.py [OUT.json] [--calls 20000] [--repeats 7] [--profile]
 
@@ -40,6 +41,19 @@ class _NoLaunch:
     def _launch(*args, **kwargs):
         return None
 
+
+def _bind_no_site(kernel, grid, *args, **kwargs):
+    """Stands in for ``launch.bind``: no launch, and a Site that launches nothing, so a kept
+    problem takes the path it takes on a GPU (its Site) and not the unkept re-bind."""
+    return _NoSite()
+
+
+class _NoSite:
+    def __call__(self, *addresses):
+        return True
+
+
+BINDS = (pack, combine)  # the modules that bind a launch's Site
 
 KERNELS = ((pack, "_pack_kernel"), (pack, "_pack_slab_kernel"), (pack, "_lse_to_wire_kernel"),
            (combine, "combine_rows"), (combine, "_scale_kernel"))
@@ -94,9 +108,12 @@ def main(argv=None):
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--profile", action="store_true")
     args = ap.parse_args(argv)
-    saved = [(m, k, getattr(m, k)) for m, k in KERNELS] + [(tuning, "_env", tuning._env)]
+    saved = ([(m, k, getattr(m, k)) for m, k in KERNELS] + [(m, "bind", m.bind) for m in BINDS]
+             + [(tuning, "_env", tuning._env)])
     for m, k in KERNELS:
         setattr(m, k, _NoLaunch())
+    for m in BINDS:
+        m.bind = _bind_no_site
     tuning._env = types.SimpleNamespace(INTERPRET=False)  # the GPU's launch table
     rows = []
     try:

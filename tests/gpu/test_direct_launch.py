@@ -130,3 +130,29 @@ def test_a_kept_site_launches_the_tables_choice_after_an_override():
     (kept,) = ops._UNPACK_CALLS.values()
     assert kept.site is not None
     assert kept.site.compiled.metadata.num_warps == table.num_warps
+
+
+@pytest.mark.parametrize("mask", [False, True], ids=["unmasked", "masked"])
+def test_lse_reduce_launches_through_the_ops_kept_sites(mask):
+    """lse_reduce (packed) packs and merges through the public ops: from a problem's second
+    call on, both kernels launch through kept Sites (issue 47: an eager call's host time), and
+    the merge is the bits Triton's own dispatch gives."""
+    ops.forget_calls()
+    b, n, d = 6, 1, 72
+    outs, lses = partials(n, b, 8, d, torch.bfloat16, seed=4)
+    out, lse = outs[0].to(DEV), lses[0].to(DEV)
+    idx = {}
+    if mask:
+        idx = dict(seq_lens=torch.tensor([5 * (i % 2) for i in range(b)], dtype=torch.int32,
+                                         device=DEV),
+                   query_start_loc=torch.arange(b + 1, dtype=torch.int32, device=DEV))
+    group = dcp_a2a.Group(1, 0, None)
+
+    def run():
+        return dcp_a2a.lse_reduce(out, lse, group, return_lse=True, **idx)
+    want = _through_triton(run)
+    run()  # checked, kept
+    before = sum(v.sited for v in direct._ALL.values())
+    got = run()
+    assert sum(v.sited for v in direct._ALL.values()) - before == 2, "not through the Sites"
+    assert _same(got, want)

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import dcp_a2a
-from dcp_a2a import ops
+from dcp_a2a import collective, ops
 from dcp_a2a.testing.data import bits_view
 
 pytestmark = pytest.mark.kernel
@@ -253,3 +253,106 @@ def test_a_key_kept_without_a_site_is_bound_when_it_can_be(monkeypatch, device):
     dcp_a2a.pack_send(out, lse, send, *rest)
     dcp_a2a.unpack_combine(send, D, P, False, True)
     assert len(sites) == 2 and [s.calls for s in sites] == [1, 1]  # the kept Sites launched
+
+
+# lse_reduce keeps the checks that read no address and no buffer (dcp_a2a.collective._CHECKED)
+def _reduce_good(device):
+    """A good call that sets every argument the kept checks read (a bad case changes one)."""
+    out, lse, _ = _inputs(device=device)
+    sl = torch.tensor([2, 0, 5], dtype=torch.int32, device=device)
+    qsl = torch.tensor([0, 1, 2, 3], dtype=torch.int32, device=device)
+    return (out, lse), {"return_lse": True, "is_lse_base_on_e": False, "seq_lens": sl,
+                        "query_start_loc": qsl}
+
+
+def _reduce_bad_cases(device):
+    (out, lse), good = _reduce_good(device)
+    sl, qsl = good["seq_lens"], good["query_start_loc"]
+
+    def case(args=(out, lse), **change):
+        kw = {**good, **change}
+        return args, {k: v for k, v in kw.items() if v is not _DROP}
+    return {
+        "lse in float64": case((out, lse.double())),
+        "out in float64": case((out.double(), lse)),
+        "out in float8": case((out.to(torch.float8_e4m3fn), lse)),
+        "lse one row short": case((out, lse[:-1])),
+        "out without its head dim": case((out[:, :, 0], lse)),
+        "out on meta": case((_meta_like(out), lse)),
+        "lse on meta": case((out, _meta_like(lse))),
+        "return_lse an int": case(return_lse=1),
+        "is_lse_base_on_e an int": case(is_lse_base_on_e=0),
+        "backend unknown": case(backend="nccl"),
+        "backend unhashable": case(backend=["packed"]),
+        "backend symm_mem without its buffers": case(backend="symm_mem"),
+        "buffers not staging": case(buffers=object()),
+        "seq_lens without query_start_loc": case(query_start_loc=_DROP),
+        "seq_lens in float": case(seq_lens=sl.float()),
+        "seq_lens 2-D": case(seq_lens=sl[None]),
+        "query_start_loc one short": case(query_start_loc=qsl[:-1]),
+        "query_start_loc in float": case(query_start_loc=qsl.float()),
+        "seq_lens on meta": case(seq_lens=_meta_like(sl)),
+    }
+
+
+_DROP = object()  # a bad case leaves this argument out
+
+
+def _group_of_one():
+    return dcp_a2a.Group(1, 0, None)
+
+
+def _reduce_steps(out, lse, group, **kw):
+    """lse_reduce_steps as lse_reduce calls it: it checks when called and launches nothing
+    until driven, so a refusal here is its own (the ops' checks behind it do not run)."""
+    return collective.lse_reduce_steps(out, lse, group.world_size, group.rank_in_group, **kw)
+
+
+@pytest.mark.parametrize("entry", [dcp_a2a.lse_reduce, _reduce_steps],
+                         ids=["lse_reduce", "lse_reduce_steps"])
+@pytest.mark.parametrize("case", list(_reduce_bad_cases("cpu")))
+def test_lse_reduce_refuses_after_a_kept_good_call(device, case, entry):
+    (args, kw) = _reduce_bad_cases(device)[case]
+    cold = _refusal(entry, *args, _group_of_one(), **kw)
+    assert cold is not None, f"{case}: accepted from a cold start (the case is not bad)"
+    (good, good_kw) = _reduce_good(device)
+    dcp_a2a.lse_reduce(*good, _group_of_one(), **good_kw)
+    dcp_a2a.lse_reduce(*good, _group_of_one(), **good_kw)  # kept now
+    assert collective._CHECKED, "the good call's key was not kept"
+    assert _refusal(entry, *args, _group_of_one(), **kw) == cold, case
+
+
+def test_lse_reduce_refuses_cpu_tensors_without_the_interpreter_after_a_kept_call(monkeypatch):
+    """The interpreter switch is part of the key: CPU tensors kept while it was on are refused
+    once it is off (the check reads the switch, not the tensors). Through lse_reduce_steps,
+    which checks when called and launches nothing until driven."""
+    from dcp_a2a import _env
+    out, lse, _ = _inputs()
+    monkeypatch.setattr(_env, "INTERPRET", True)
+    collective.lse_reduce_steps(out, lse, 1, 0)
+    collective.lse_reduce_steps(out, lse, 1, 0)
+    assert collective._CHECKED, "the call's key was not kept"
+    monkeypatch.setattr(_env, "INTERPRET", False)
+    with pytest.raises(ValueError, match="CPU tensors need the Triton interpreter"):
+        collective.lse_reduce_steps(out, lse, 1, 0)
+
+
+@pytest.mark.parametrize("return_lse", [False, True])
+def test_lse_reduce_kept_key_skips_the_checks_and_gives_the_same_bits(device, monkeypatch,
+                                                                      return_lse):
+    """lse_reduce's second call of a problem runs none of its checks, and merges what a checked
+    call merges; a call with another key checks again."""
+    g = torch.Generator().manual_seed(3)
+    out = torch.randn((B, H, D), generator=g).to(DT).to(device)
+    lse = (torch.randn((B, H), generator=g) * 4).to(device)
+    first = dcp_a2a.lse_reduce(out, lse, _group_of_one(), return_lse=return_lse)
+
+    def tripped(*a, **k):
+        raise AssertionError("a check ran for a kept key")
+    for name in ("check_output_and_lse", "check_head_split", "check_seq_meta"):
+        monkeypatch.setattr(collective, name, tripped)
+    again = dcp_a2a.lse_reduce(out, lse, _group_of_one(), return_lse=return_lse)
+    pairs = zip(again, first) if return_lse else [(again, first)]
+    assert all(torch.equal(bits_view(a), bits_view(b)) for a, b in pairs)
+    with pytest.raises(AssertionError, match="a check ran"):
+        dcp_a2a.lse_reduce(out, lse, _group_of_one(), return_lse=not return_lse)

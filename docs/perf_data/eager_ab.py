@@ -1,0 +1,85 @@
+"""Eager calls of two checkouts side by side, on one GPU machine, in alternating rounds.
+
+    python docs/perf_data/eager_ab.py BEFORE_CHECKOUT [OUT.json] [--rounds 3]
+
+Each round runs :func:`dcp_a2a.testing.eager.eager_rows` (1000 back-to-back calls synchronised
+at the end, median of 5) at the issue-47 eager rows in a fresh process per checkout, the
+checkout before first, then this one (the directory holding ``docs/``), so that both see the
+same machine state in turn. Per op and row it prints the median over rounds of each checkout's
+us per call and the median of the per-round ratios after / before. The JSON keeps every
+round's rows. The checkout before is any directory holding a ``dcp_a2a`` package with the same
+``eager_rows`` (``git archive REV | tar -x -C DIR`` makes one).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parents[2]
+ROWS = [(1, 128, 512, 8, "bfloat16"), (64, 128, 512, 8, "bfloat16"),
+        (256, 32, 128, 4, "float16")]  # the issue's eager table
+_CHILD = """
+import json, sys
+from dcp_a2a.testing import eager
+rows = []
+for b, h, d, n, dt in json.loads(sys.argv[1]):
+    rows += eager.eager_rows(b, h, d, n, dt, "cuda")
+print(json.dumps(rows))
+"""
+
+
+def run_checkout(tree: Path) -> list[dict]:
+    env = dict(os.environ, PYTHONPATH=str(tree))
+    res = subprocess.run([sys.executable, "-c", _CHILD, json.dumps(ROWS)], env=env, cwd=tree,
+                         capture_output=True, text=True, check=True)
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("before", type=Path, help="the checkout to compare against")
+    ap.add_argument("out", nargs="?", default="eager_ab.json")
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args(argv)
+    if args.rounds < 1:
+        ap.error("--rounds must be at least 1")
+    trees = {"before": args.before.resolve(), "after": HERE}
+    rounds = []
+    for i in range(args.rounds):
+        rounds.append({side: run_checkout(tree) for side, tree in trees.items()})
+        print(f"round {i + 1}/{args.rounds} done", file=sys.stderr, flush=True)
+    table = {}
+    for rnd in rounds:
+        for side, rows in rnd.items():
+            for r in rows:
+                table.setdefault((r["shape"], r["op"]), {}).setdefault(side, []).append(r["us"])
+    lines = [f"{'shape':32} {'op':20} {'before us':>10} {'after us':>10} {'after/before':>13}"]
+    summary = []
+    for (shape, op), sides in table.items():
+        if set(sides) != {"before", "after"}:
+            continue
+        ratios = [a / b for a, b in zip(sides["after"], sides["before"])]
+        row = {"shape": shape, "op": op, "before_us": statistics.median(sides["before"]),
+               "after_us": statistics.median(sides["after"]),
+               "ratio": statistics.median(ratios), "ratios": ratios}
+        summary.append(row)
+        lines.append(f"{shape:32} {op:20} {row['before_us']:10.2f} {row['after_us']:10.2f} "
+                     f"{row['ratio']:13.3f}")
+    lines.append(f"medians over {args.rounds} alternating rounds (a fresh process per checkout "
+                 "and round); ratio: the median of the per-round ratios")
+    import torch
+    Path(args.out).write_text(json.dumps(
+        {"device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+         "torch": torch.__version__, "before": str(args.before), "rows": ROWS,
+         "rounds": rounds, "summary": summary}, indent=1))
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
