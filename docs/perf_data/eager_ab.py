@@ -1,6 +1,8 @@
 """Eager calls of two checkouts side by side, on one GPU machine, in alternating rounds.
 
     python docs/perf_data/eager_ab.py BEFORE_CHECKOUT [OUT.json] [--rounds 3]
+    python docs/perf_data/eager_ab.py BEFORE_CHECKOUT --smoke   (CPU, interpreter, tiny
+        shapes, 2 calls: the structure only; the times mean nothing)
 
 Each round runs :func:`dcp_a2a.testing.eager.eager_rows` (1000 back-to-back calls synchronised
 at the end, median of 5) at the issue-47 eager rows in a fresh process per checkout, the
@@ -23,21 +25,29 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parents[2]
 ROWS = [(1, 128, 512, 8, "bfloat16"), (64, 128, 512, 8, "bfloat16"),
         (256, 32, 128, 4, "float16")]  # the issue's eager table
+SMOKE_ROWS = [(2, 4, 8, 2, "float16")]
 _CHILD = """
 import json, sys
+import dcp_a2a
 from dcp_a2a.testing import eager
 rows = []
+device, calls, repeats = sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 for b, h, d, n, dt in json.loads(sys.argv[1]):
-    rows += eager.eager_rows(b, h, d, n, dt, "cuda")
-print(json.dumps(rows))
+    rows += eager.eager_rows(b, h, d, n, dt, device, calls, repeats)
+print(json.dumps({"package": dcp_a2a.__file__, "rows": rows}))
 """
 
 
-def run_checkout(tree: Path) -> list[dict]:
+def run_checkout(tree: Path, rows, device: str, calls: int, repeats: int) -> list[dict]:
     env = dict(os.environ, PYTHONPATH=str(tree))
-    res = subprocess.run([sys.executable, "-c", _CHILD, json.dumps(ROWS)], env=env, cwd=tree,
-                         capture_output=True, text=True, check=True)
-    return json.loads(res.stdout.strip().splitlines()[-1])
+    res = subprocess.run([sys.executable, "-c", _CHILD, json.dumps(rows), device, str(calls),
+                          str(repeats)], env=env, cwd=tree, capture_output=True, text=True)
+    if res.returncode:
+        raise SystemExit(f"{tree}: the eager rows failed:\n{res.stderr[-3000:]}")
+    got = json.loads(res.stdout.strip().splitlines()[-1])
+    if not Path(got["package"]).resolve().is_relative_to(tree):
+        raise SystemExit(f"{tree}: the child imported dcp_a2a from {got['package']}")
+    return got["rows"]
 
 
 def main(argv=None) -> int:
@@ -45,13 +55,19 @@ def main(argv=None) -> int:
     ap.add_argument("before", type=Path, help="the checkout to compare against")
     ap.add_argument("out", nargs="?", default="eager_ab.json")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--smoke", action="store_true", help="CPU, tiny shapes, 2 calls")
     args = ap.parse_args(argv)
     if args.rounds < 1:
         ap.error("--rounds must be at least 1")
+    if not (args.before / "dcp_a2a").is_dir():
+        ap.error(f"{args.before} holds no dcp_a2a package")
+    rows, device, calls, repeats = ((SMOKE_ROWS, "cpu", 2, 1) if args.smoke
+                                    else (ROWS, "cuda", 1000, 5))
     trees = {"before": args.before.resolve(), "after": HERE}
     rounds = []
     for i in range(args.rounds):
-        rounds.append({side: run_checkout(tree) for side, tree in trees.items()})
+        rounds.append({side: run_checkout(tree, rows, device, calls, repeats)
+                       for side, tree in trees.items()})
         print(f"round {i + 1}/{args.rounds} done", file=sys.stderr, flush=True)
     table = {}
     for rnd in rounds:
@@ -75,7 +91,7 @@ def main(argv=None) -> int:
     import torch
     Path(args.out).write_text(json.dumps(
         {"device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
-         "torch": torch.__version__, "before": str(args.before), "rows": ROWS,
+         "torch": torch.__version__, "before": str(args.before), "rows": rows,
          "rounds": rounds, "summary": summary}, indent=1))
     print("\n".join(lines))
     return 0
