@@ -32,7 +32,7 @@ from .buffers import StagingBuffers, default_buffers
 from .kernels.combine import combine_separate, scale_for_reduce_scatter
 from .kernels.direct import combine_from_peers, pack_to_peers
 from .kernels.pack import lse_to_wire
-from .ops import index_key, kept_table, pack_send, unpack_combine
+from .ops import LOOKUP_ERRORS, index_key, keep, kept_table, pack_send, unpack_combine
 from .symm_mem import SymmMemBuffers
 from .wire import (
     check_group,
@@ -164,12 +164,10 @@ class _Call(NamedTuple):
 
 
 _Tensor = torch.Tensor
-_LOOKUP_ERRORS = (AttributeError, TypeError, RuntimeError)  # unhashable, no storage, ...
 # The calls whose checks below passed, by what those checks read (every tensor's shape, dtype
 # and device, the other arguments' types and values, the interpreter switch): a later call of
 # the same key skips them (issue 47: an eager call's host time). Emptied by ops.forget_calls.
 _CHECKED = kept_table()
-CHECKED_MAX = 4096
 
 
 def _check_call(out, lse, world_size, return_lse, is_lse_base_on_e, seq_lens, query_start_loc,
@@ -205,15 +203,13 @@ def lse_reduce_steps(out, lse, world_size: int, rank: int, *, return_lse=False,
                    type(is_lse_base_on_e), is_lse_base_on_e, index_key(seq_lens),
                    index_key(query_start_loc), backend, _env.INTERPRET)
             hpr = _CHECKED.get(key)
-        except _LOOKUP_ERRORS:
+        except LOOKUP_ERRORS:
             key = None
     if hpr is None:
         hpr = _check_call(out, lse, world_size, return_lse, is_lse_base_on_e, seq_lens,
                           query_start_loc, backend)
         if key is not None:
-            if len(_CHECKED) >= CHECKED_MAX:
-                _CHECKED.clear()
-            _CHECKED[key] = hpr
+            keep(_CHECKED, key, hpr)
     if backend == "symm_mem":
         if not isinstance(buffers, SymmMemBuffers):
             raise ValueError(

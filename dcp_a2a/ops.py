@@ -44,8 +44,10 @@ from .wire import (
 
 
 _Tensor = torch.Tensor
-_LOOKUP_ERRORS = (AttributeError, TypeError, RuntimeError)  # not a tensor, unhashable, no storage
-CALLS_MAX = 4096  # keys an op keeps (distinct problems); then it starts again
+# what building or looking up a key raises for an argument that gets none: not a tensor,
+# unhashable, no storage (lse_reduce keys its checks the same way)
+LOOKUP_ERRORS = (AttributeError, TypeError, RuntimeError)
+CALLS_MAX = 4096  # keys a table keeps (distinct problems); then it starts again
 _TABLES: list = []  # every table of kept keys, ours and lse_reduce's (dcp_a2a.collective)
 
 
@@ -81,14 +83,19 @@ class _Kept:
                 and not _tuning.OVERRIDES)
 
 
+def keep(table: dict, key, value) -> None:
+    """``table[key] = value`` in a table of kept keys, emptied first once it holds CALLS_MAX."""
+    if len(table) >= CALLS_MAX:
+        table.clear()
+    table[key] = value
+
+
 def _keep(calls: dict, key, kept: _Kept) -> None:
     if _tuning.OVERRIDES:
         # a launch an override chose (the bench's and probes' candidates) is never kept: once
         # the override is gone the key would look current and launch the candidate again
         return
-    if len(calls) >= CALLS_MAX:
-        calls.clear()
-    calls[key] = kept
+    keep(calls, key, kept)
 
 
 def index_key(t):
@@ -125,7 +132,7 @@ def pack_send(out, lse, send, world_size, h_per_rank, head_dim, lse_pack_dim,
                    type(head_dim), head_dim, type(lse_pack_dim), lse_pack_dim,
                    index_key(seq_lens), index_key(query_start_loc))
             kept = _PACK_CALLS.get(key)
-        except _LOOKUP_ERRORS:
+        except LOOKUP_ERRORS:
             key = None
     if kept is None or not kept.current():
         _pack_checked(out, lse, send, world_size, h_per_rank, head_dim, lse_pack_dim,
@@ -194,7 +201,7 @@ def unpack_combine(recv, head_dim, lse_pack_dim, return_lse, is_lse_base_on_e):
                    type(head_dim), head_dim, type(lse_pack_dim), lse_pack_dim,
                    type(return_lse), return_lse, type(is_lse_base_on_e), is_lse_base_on_e)
             kept = _UNPACK_CALLS.get(key)
-        except _LOOKUP_ERRORS:
+        except LOOKUP_ERRORS:
             key = None
     if kept is None or not kept.current() or kept.site is None:
         return _unpack_checked(recv, head_dim, lse_pack_dim, return_lse, is_lse_base_on_e,
