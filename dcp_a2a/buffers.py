@@ -40,17 +40,22 @@ import threading
 import torch
 
 
-def _storage_spans(tensors, device: torch.device) -> tuple:
+def _storage_spans(tensors, device: torch.device) -> list:
     """The byte spans [first, one past the last) of the whole storages of ``tensors`` on
     ``device`` (None, empty tensors and tensors elsewhere left out)."""
     spans = []
     for t in tensors:
-        if t is None or t.numel() == 0 or t.device != device:
-            continue
-        storage = t.untyped_storage()
-        start = storage.data_ptr()
-        spans.append((start, start + storage.nbytes()))
-    return tuple(spans)
+        if t is not None and t.device == device and t.numel():
+            storage = t.untyped_storage()
+            start = storage.data_ptr()
+            spans.append((start, start + storage.nbytes()))
+    return spans
+
+
+def _view_span(t: torch.Tensor) -> tuple:
+    """The bytes [first, one past the last) of a contiguous ``t``."""
+    start = t.data_ptr()
+    return start, start + t.numel() * t.element_size()
 
 
 def _capturing(device: torch.device) -> bool:
@@ -79,6 +84,9 @@ class StagingBuffers:
         # the last view handed out per eager key: (shape, view, its byte span); the decode loop
         # asks for the same shape call after call, and a view costs host time on every call
         self._views: dict[tuple, tuple] = {}
+        # the last (send, recv) pair per (device, stream, dtype, tag): (shape, send, its span,
+        # recv, its span), read without the lock; emptied whenever a view above is replaced
+        self._pairs: dict[tuple, tuple] = {}
         self._captured: list[torch.Tensor] = []
         self._lock = threading.Lock()
 
@@ -119,6 +127,7 @@ class StagingBuffers:
                 start = view.data_ptr()
                 hit = (shape, view, start, start + numel * view.element_size())
                 self._views[key] = hit
+                self._pairs.clear()  # a pair kept may hold the view replaced
         _, view, start, end = hit
         if start != end and any(start < b1 and b0 < end for b0, b1 in avoid_spans):
             return torch.empty(shape, dtype=dtype, device=device)
@@ -141,8 +150,22 @@ class StagingBuffers:
         if _capturing(device):
             return self._pinned(shape, dtype, device), self._pinned(shape, dtype, device)
         spans = _storage_spans(avoid, device)
-        return (self._eager_view(shape, dtype, device, tag + ".send", spans),
-                self._eager_view(shape, dtype, device, tag + ".recv", spans))
+        key = (device, _stream_key(device), dtype, tag)
+        shape = tuple(shape)
+        hit = self._pairs.get(key)
+        if hit is None or hit[0] != shape:
+            send = self._eager_view(shape, dtype, device, tag + ".send", ())
+            recv = self._eager_view(shape, dtype, device, tag + ".recv", ())
+            hit = (shape, send, _view_span(send), recv, _view_span(recv))
+            with self._lock:
+                self._pairs[key] = hit
+        _, send, (s0, s1), recv, (r0, r1) = hit
+        for b0, b1 in spans:  # an input in memory a half came from: that half is its own
+            if s0 < b1 and b0 < s1:
+                send = torch.empty(shape, dtype=dtype, device=device)
+            if r0 < b1 and b0 < r1:
+                recv = torch.empty(shape, dtype=dtype, device=device)
+        return send, recv
 
     @property
     def pinned_for_graphs(self) -> int:

@@ -137,8 +137,7 @@ def check_ranks_agree(out, lse, pg, n: int, *, backend: str, is_lse_base_on_e: b
 
 
 def _check_ranks_enabled(check_ranks) -> bool:
-    if check_ranks is not None:
-        require_bool("check_ranks", check_ranks)
+    if check_ranks is not None:  # a bool: checked by the caller
         return check_ranks
     return os.environ.get(CHECK_RANKS_ENV, "") not in ("", "0")
 
@@ -371,13 +370,14 @@ def lse_reduce(out, lse, group, *, return_lse=False, is_lse_base_on_e=True, seq_
     (:func:`check_ranks_agree`); off by default, it costs a collective and a host sync.
     """
     n, r = check_group(group)
-    checking = _check_ranks_enabled(check_ranks)
+    if check_ranks is not None:
+        require_bool("check_ranks", check_ranks)
     steps = lse_reduce_steps(out, lse, n, r, return_lse=return_lse,
                              is_lse_base_on_e=is_lse_base_on_e, seq_lens=seq_lens,
                              query_start_loc=query_start_loc, backend=backend, buffers=buffers)
     pg = group.device_group
-    if n > 1:
+    if n > 1:  # a group of one has no peers to disagree with (nor the env read's host time)
         _check_process_group(pg, n, r)
-        if checking:
+        if _check_ranks_enabled(check_ranks):
             check_ranks_agree(out, lse, pg, n, backend=backend, is_lse_base_on_e=is_lse_base_on_e)
     return drive(steps, lambda kind, payload: _dist_step(kind, payload, pg, n))

@@ -65,3 +65,15 @@ def test_a_subclass_get_is_asked_for_both_halves():
 
     Counting().wire_pair(SHAPE, DT, "cpu", tag="data")
     assert asked == ["data.send", "data.recv"]
+
+
+def test_a_pair_follows_its_halves_when_they_regrow():
+    """``get`` of one half at a larger shape replaces that half's buffer: the pair handed out
+    next is carved from the new buffer (one buffer per half, not one per shape ever seen)."""
+    bufs = StagingBuffers()
+    bufs.wire_pair(SHAPE, DT, "cpu")
+    grown = bufs.get((8, *SHAPE[1:]), DT, "cpu", "wire.send")
+    send, recv = bufs.wire_pair(SHAPE, DT, "cpu")
+    assert send.untyped_storage().data_ptr() == grown.untyped_storage().data_ptr()
+    assert send.data_ptr() == bufs.get(SHAPE, DT, "cpu", "wire.send").data_ptr()
+    assert not _meet(send, recv)
