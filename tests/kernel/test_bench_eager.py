@@ -143,3 +143,72 @@ def test_issue47_probe_takes_a_grids_points_whose_launch_changed(tmp_path, monke
                        "--changed-from", "one_warp"]) == 0
     report = json.loads(out.read_text())
     assert [set(r["times_us"]) for r in report["graph"]] == [{"ours", "engine", "sf", "was"}]
+
+
+# A stand-in for vLLM's dcp.py: the definitions the side-by-side probe reads from it, by name,
+# here our own ops (the real file is vLLM's, read at run time on the GPU machine).
+_STAND_IN = '''
+import vllm  # the rest of the real file imports the engine: the probe must not run it
+
+
+def _validate_dcp_empty_shard_args(seq_lens, query_start_loc):
+    return False
+
+
+@triton.jit
+def _dcp_a2a_pack_send_kernel(x):
+    pass
+
+
+@triton.jit
+def _dcp_a2a_unpack_combine_kernel(x):
+    pass
+
+
+def _dcp_a2a_pack_send(out, lse, send, world_size, h_per_rank, head_dim, lse_pack_dim):
+    import dcp_a2a
+    dcp_a2a.pack_send(out, lse, send, world_size, h_per_rank, head_dim, lse_pack_dim)
+
+
+def _dcp_a2a_unpack_combine(recv, head_dim, lse_pack_dim, return_lse, is_lse_base_on_e):
+    import dcp_a2a
+    return dcp_a2a.unpack_combine(recv, head_dim, lse_pack_dim, return_lse, is_lse_base_on_e)
+'''
+
+
+def _side_by_side():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "docs" / "perf_data" / "vllm_side_by_side.py"
+    spec = importlib.util.spec_from_file_location("vllm_side_by_side", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_vllm_side_by_side_runs_on_the_cpu(tmp_path, capsys):
+    """docs/perf_data/vllm_side_by_side.py --smoke with a stand-in engine file: only the named
+    definitions are loaded (the file's own imports are not run), every part of the report."""
+    sbs = _side_by_side()
+    engine_file = tmp_path / "dcp.py"
+    engine_file.write_text(_STAND_IN)
+    out = tmp_path / "sbs" / "sbs.json"
+    assert sbs.main([str(engine_file), str(out), "--smoke"]) == 0
+    report = json.loads(out.read_text())
+    (row,) = report["graph"]
+    assert set(row["times_us"]) == {"ours", "engine", "vllm"} and row["rounds"] == 2
+    assert isinstance(row["engine_equals_vllm_bitwise"], bool)
+    assert [r["op"] for r in report["eager"]] == ["pack_send", "vllm_pack", "unpack_combine",
+                                                  "vllm_unpack", "engine_unpack"]
+    assert report["eager"][0]["over_vllm"] > 0 and report["eager"][1]["over_vllm"] is None
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[-1].startswith("eager: 1 back-to-back calls")
+
+
+def test_vllm_side_by_side_names_what_the_engine_file_lacks(tmp_path):
+    sbs = _side_by_side()
+    engine_file = tmp_path / "dcp.py"
+    engine_file.write_text(_STAND_IN.replace("def _dcp_a2a_pack_send(", "def other("))
+    with pytest.raises(ValueError, match="does not define _dcp_a2a_pack_send "):
+        sbs.load_engine(engine_file, tmp_path)
