@@ -141,6 +141,21 @@ OPS = {
 }
 
 
+def inputs(b, h, d, n, dtype_name, device):
+    """(P, H/N, out[B, H, D], lse[B, H], send, recv): a seeded partial, a send buffer it was
+    packed into and a copy of it to merge (the wire of a group that exchanged nothing)."""
+    import dcp_a2a
+
+    dtype = getattr(torch, dtype_name)
+    p, hpr = dcp_a2a.lse_pack_dim(dtype), h // n
+    g = torch.Generator().manual_seed(0)
+    out = torch.randn((b, h, d), generator=g).to(dtype).to(device)
+    lse = (torch.randn((b, h), generator=g) * 4).to(device)
+    send = torch.empty((n, b, hpr, d + p), dtype=dtype, device=device)
+    dcp_a2a.pack_send(out, lse, send, n, hpr, d, p)
+    return p, hpr, out, lse, send, send.clone()
+
+
 def eager_rows(b, h, d, n, dtype_name, device, calls: int = CALLS,
                repeats: int = REPEATS) -> list[dict]:
     """One row per op of ``OPS`` at shape (B, H, D, N, dtype) on ``device``: the median us per
@@ -152,14 +167,7 @@ def eager_rows(b, h, d, n, dtype_name, device, calls: int = CALLS,
     from . import straightforward as sf
 
     device = torch.device(device)
-    dtype = getattr(torch, dtype_name)
-    p, hpr = dcp_a2a.lse_pack_dim(dtype), h // n
-    g = torch.Generator().manual_seed(0)
-    out = torch.randn((b, h, d), generator=g).to(dtype).to(device)
-    lse = (torch.randn((b, h), generator=g) * 4).to(device)
-    send = torch.empty((n, b, hpr, d + p), dtype=dtype, device=device)
-    dcp_a2a.pack_send(out, lse, send, n, hpr, d, p)
-    recv = send.clone()
+    p, hpr, out, lse, send, recv = inputs(b, h, d, n, dtype_name, device)
     group = dcp_a2a.Group(1, 0, None)
     fns = {
         "pack_send": lambda: dcp_a2a.pack_send(out, lse, send, n, hpr, d, p),

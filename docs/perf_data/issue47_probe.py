@@ -270,6 +270,19 @@ def grid_changed(path, table_name):
     return changed
 
 
+def run_settings(smoke, rounds, script):
+    """(device, rows, eager rows, timer, rounds, calls, repeats) of a run: ``smoke``: the tiny
+    shapes, the wall clock, where the suite runs the kernels (the GPU if any, the interpreter
+    otherwise); else the issue's rows on the GPU (None, said on stderr, without one)."""
+    if smoke:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        return device, SMOKE_ROWS, SMOKE_ROWS[:1], wall_timer, 2, 1, 2
+    if not torch.cuda.is_available():
+        print(f"{script} needs a CUDA GPU (--smoke: the CPU structure check)", file=sys.stderr)
+        return None
+    return "cuda", ROWS, EAGER_ROWS, None, rounds, eager.CALLS, eager.REPEATS
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("out", nargs="?", default="issue47_probe.json", help="JSON report")
@@ -294,18 +307,10 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     only = args.only.split(",") if args.only else None
     t0 = time.time()
-    if args.smoke:
-        # where the suite runs the kernels: the GPU if any (the interpreter is off there)
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-        rows, eager_rows_at, timer = SMOKE_ROWS, SMOKE_ROWS[:1], wall_timer
-        rounds, calls, repeats = 2, 1, 2
-    else:
-        if not torch.cuda.is_available():
-            print("issue47_probe.py needs a CUDA GPU (--smoke: the CPU structure check)",
-                  file=sys.stderr)
-            return 2
-        device, rows, eager_rows_at, timer = "cuda", ROWS, EAGER_ROWS, None
-        rounds, calls, repeats = args.rounds, eager.CALLS, eager.REPEATS
+    run = run_settings(args.smoke, args.rounds, "issue47_probe.py")
+    if run is None:
+        return 2
+    device, rows, eager_rows_at, timer, rounds, calls, repeats = run
     was = {}
     if args.from_grid and args.changed_from:
         was = dict(grid_changed(args.from_grid, args.changed_from))

@@ -132,14 +132,7 @@ def graph_table(rows):
 
 def eager_rows(engine, point, device, calls, repeats):
     b, h, d, n, dt = point
-    dtype = getattr(torch, dt)
-    p, hpr = dcp_a2a.lse_pack_dim(dtype), h // n
-    g = torch.Generator().manual_seed(0)
-    out = torch.randn((b, h, d), generator=g).to(dtype).to(device)
-    lse = (torch.randn((b, h), generator=g) * 4).to(device)
-    send = torch.empty((n, b, hpr, d + p), dtype=dtype, device=device)
-    dcp_a2a.pack_send(out, lse, send, n, hpr, d, p)
-    recv = send.clone()
+    p, hpr, out, lse, send, recv = eager.inputs(b, h, d, n, dt, device)
     theirs = torch.full_like(send, float("nan"))
     engine._dcp_a2a_pack_send(out, lse, theirs, n, hpr, d, p)
     if not torch.equal(theirs.view(torch.uint8), send.view(torch.uint8)):
@@ -181,17 +174,10 @@ def main(argv=None) -> int:
     ap.add_argument("--smoke", action="store_true",
                     help="tiny shapes, wall-clock timer: structure only")
     args = ap.parse_args(argv)
-    if args.smoke:
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-        rows, eager_at, timer = probe.SMOKE_ROWS, probe.SMOKE_ROWS, probe.wall_timer
-        rounds, calls, repeats = 2, 1, 2
-    else:
-        if not torch.cuda.is_available():
-            print("vllm_side_by_side.py needs a CUDA GPU (--smoke: the CPU structure check)",
-                  file=sys.stderr)
-            return 2
-        device, rows, eager_at, timer = "cuda", probe.ROWS, probe.EAGER_ROWS, None
-        rounds, calls, repeats = args.rounds, eager.CALLS, eager.REPEATS
+    run = probe.run_settings(args.smoke, args.rounds, "vllm_side_by_side.py")
+    if run is None:
+        return 2
+    device, rows, eager_at, timer, rounds, calls, repeats = run
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     engine = load_engine(args.engine_file, out.parent)

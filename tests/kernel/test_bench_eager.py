@@ -57,15 +57,20 @@ def test_capture_launch_records_one_launch_and_runs_nothing(device):
     assert kw["N"] == 2 and len(args) == 16 and len(grid) == 2
 
 
-def _issue47_probe():
+def _perf_script(name):
+    """docs/perf_data/<name>.py as a module."""
     import importlib.util
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[2] / "docs" / "perf_data" / "issue47_probe.py"
-    spec = importlib.util.spec_from_file_location("issue47_probe", path)
-    probe = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(probe)
-    return probe
+    path = Path(__file__).resolve().parents[2] / "docs" / "perf_data" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _issue47_probe():
+    return _perf_script("issue47_probe")
 
 
 def test_issue47_probe_runs_on_the_cpu(tmp_path, capsys):
@@ -177,14 +182,7 @@ def _dcp_a2a_unpack_combine(recv, head_dim, lse_pack_dim, return_lse, is_lse_bas
 
 
 def _side_by_side():
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[2] / "docs" / "perf_data" / "vllm_side_by_side.py"
-    spec = importlib.util.spec_from_file_location("vllm_side_by_side", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return _perf_script("vllm_side_by_side")
 
 
 def test_vllm_side_by_side_runs_on_the_cpu(tmp_path, capsys):
