@@ -130,6 +130,11 @@ def graph_table(rows):
     return "\n".join(lines)
 
 
+# an eager op of ours (or the baseline's) -> vLLM's op it is compared with
+_THEIRS = {"pack_send": "vllm_pack", "unpack_combine": "vllm_unpack",
+           "engine_unpack": "vllm_unpack"}
+
+
 def eager_rows(engine, point, device, calls, repeats):
     b, h, d, n, dt = point
     p, hpr, out, lse, send, recv = eager.inputs(b, h, d, n, dt, device)
@@ -146,11 +151,7 @@ def eager_rows(engine, point, device, calls, repeats):
     us = {k: eager.eager_us(fn, calls, repeats, sync) for k, fn in fns.items()}
     shape = f"B={b} H={h} D={d} N={n} {dt}"
     return [{"shape": shape, "op": k, "us": m, "runs_us": runs, "calls": calls,
-             "repeats": repeats,
-             "over_vllm": (m / us[vs][0]) if (vs := {"pack_send": "vllm_pack",
-                                                      "unpack_combine": "vllm_unpack",
-                                                      "engine_unpack": "vllm_unpack"}.get(k))
-             else None}
+             "repeats": repeats, "over_vllm": m / us[_THEIRS[k]][0] if k in _THEIRS else None}
             for k, (m, runs) in us.items()]
 
 
