@@ -124,8 +124,7 @@ class StagingBuffers:
                     flat = torch.empty(numel, dtype=dtype, device=device)
                     self._eager[key] = flat
                 view = flat[:numel].view(shape)
-                start = view.data_ptr()
-                hit = (shape, view, start, start + numel * view.element_size())
+                hit = (shape, view, *_view_span(view))
                 self._views[key] = hit
                 self._pairs.clear()  # a pair kept may hold the view replaced
         _, view, start, end = hit
@@ -150,7 +149,7 @@ class StagingBuffers:
         if _capturing(device):
             return self._pinned(shape, dtype, device), self._pinned(shape, dtype, device)
         spans = _storage_spans(avoid, device)
-        key = (device, _stream_key(device), dtype, tag)
+        key = self._eager_key(device, dtype, tag)
         shape = tuple(shape)
         hit = self._pairs.get(key)
         if hit is None or hit[0] != shape:
