@@ -5,9 +5,9 @@ can time ours next to the design engines run and a regression against it shows.
 The design, as the issue describes it:
 
 * grid (B, H/N): one program per token and local head;
-* the whole head dim in one tile (``tl.arange`` over D; the engine asks D to be a power of two:
-  here a head dim that is not is padded to the next power of two and masked, the only
-  departure, so that the baseline covers every shape ours does);
+* the whole head dim in one tile (``tl.arange`` over D, unmasked; the engine asks D to be a
+  power of two: here a head dim that is not is padded to the next power of two and masked, the
+  only departure, so that the baseline covers every shape ours does);
 * Triton's default ``num_warps`` and compile options (multiply-add contraction allowed);
 * the N ranks in a static loop, three passes over their N LSE words: the max, the sum of
   exp(lse - max), then each rank's weight exp(lse - g) (g = max + log(sum)) and the D-lane fp32
@@ -77,7 +77,7 @@ def _unpack_combine_kernel(
         g = m_safe + tl.log2(total)
     # pass 3: each rank's weight and its D lanes
     d = tl.arange(0, BLOCK_D)
-    md = d < D  # all true (and folded away) when D is a power of two
+    md = d < D  # used only where D is not a power of two: the engine's loads carry no mask
     acc = tl.zeros((BLOCK_D,), dtype=tl.float32)
     for r in tl.static_range(N):
         s = _lse_of(recv_ptr, r * s_rn + row, s_rd, D, P)
@@ -86,12 +86,18 @@ def _unpack_combine_kernel(
         else:
             w = tl.exp2(s - g)
         w = tl.where(s == float("-inf"), 0.0, w)
-        x = tl.load(recv_ptr + r * s_rn + row + d * s_rd, mask=md, other=0.0)
+        if BLOCK_D == D:
+            x = tl.load(recv_ptr + r * s_rn + row + d * s_rd)
+        else:
+            x = tl.load(recv_ptr + r * s_rn + row + d * s_rd, mask=md, other=0.0)
         # a zero weight keeps a NaN partial out (0 * NaN is NaN): a select a lane, as the
         # engine's kernel has
         acc += w * tl.where(w == 0.0, 0.0, x.to(tl.float32))
-    tl.store(out_ptr + b * s_ob + h * s_oh + d * s_od, acc.to(out_ptr.dtype.element_ty),
-             mask=md)
+    if BLOCK_D == D:
+        tl.store(out_ptr + b * s_ob + h * s_oh + d * s_od, acc.to(out_ptr.dtype.element_ty))
+    else:
+        tl.store(out_ptr + b * s_ob + h * s_oh + d * s_od, acc.to(out_ptr.dtype.element_ty),
+                 mask=md)
     if RETURN_LSE:
         tl.store(lse_out_ptr + b * s_lb + h * s_lh, g)
 
