@@ -16,9 +16,16 @@ The design, as the issue describes it:
   truncates fp32 -> bf16 there, the compiled kernel rounds), the merged LSE when asked.
 
 The contract's edge cases are kept, as selects that cost no memory traffic: NaN and +inf LSEs
-count as -inf, a -inf LSE weighs exactly 0, a partial whose weight is 0 is read as 0 (a NaN
-partial stays out: a select a lane, as the engine's kernel has), a row where every rank is -inf
-merges to 0 and -inf.
+count as -inf, a -inf LSE weighs exactly 0 (exp(-inf - g); where every rank is -inf, g is -inf
+and the NaN weight is selected to 0), a partial whose weight is 0 is read as 0 (a NaN partial
+stays out: a select a lane, as the engine's kernel has), a row where every rank is -inf merges
+to 0 and -inf.
+
+Compiled for sm_90, its PTX is the engine kernel's instruction for instruction where D is a
+power of two (``docs/perf_data/engine_ptx_diff.py`` compares them, given vLLM's ``dcp.py``):
+the addresses, the LSE decode and the selects are written in the order the engine's are, since
+a program here moves a few hundred bytes and a few instructions more are a measurable share of
+its time.
 
 It is a baseline, not a product path: no argument checks, no masks, no determinism guarantee
 across launch configurations (ours has those).
@@ -37,14 +44,21 @@ import triton.language as tl
 
 
 @triton.jit
-def _lse_of(recv_ptr, row, s_rd, D: tl.constexpr, P: tl.constexpr):
-    """The fp32 LSE in the P trailing lanes of one wire row (NaN and +inf read as -inf)."""
+def _bits32(lane):
+    """A 16-bit wire lane's bits, zero-extended to 32."""
+    return lane.to(tl.uint16, bitcast=True).to(tl.uint32)
+
+
+@triton.jit
+def _lse_of(recv_ptr, base, s_rd, D: tl.constexpr, P: tl.constexpr):
+    """The fp32 LSE in the P trailing lanes of the wire row at ``base`` (NaN and +inf read as
+    -inf)."""
     if P == 1:
-        s = tl.load(recv_ptr + row + D * s_rd).to(tl.float32)
+        s = tl.load(recv_ptr + base + D * s_rd).to(tl.float32)
     else:  # two 16-bit lanes, the float32's bytes in memory order
-        lo = tl.load(recv_ptr + row + D * s_rd).to(tl.int16, bitcast=True).to(tl.int32)
-        hi = tl.load(recv_ptr + row + (D + 1) * s_rd).to(tl.int16, bitcast=True).to(tl.int32)
-        s = ((hi << 16) | (lo & 0xFFFF)).to(tl.float32, bitcast=True)
+        lo = tl.load(recv_ptr + base + D * s_rd)
+        hi = tl.load(recv_ptr + base + (D + 1) * s_rd)
+        s = (_bits32(lo) | (_bits32(hi) << 16)).to(tl.float32, bitcast=True)
     return tl.where((s != s) | (s == float("inf")), float("-inf"), s)
 
 
@@ -57,42 +71,43 @@ def _unpack_combine_kernel(
 ):
     b = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1).to(tl.int64)
-    row = b * s_rb + h * s_rh
+    d = tl.arange(0, BLOCK_D)
     # pass 1: the max of the N LSEs
     m = float("-inf")
     for r in tl.static_range(N):
-        m = tl.maximum(m, _lse_of(recv_ptr, r * s_rn + row, s_rd, D, P))
+        m = tl.maximum(m, _lse_of(recv_ptr, r * s_rn + b * s_rb + h * s_rh, s_rd, D, P))
     m_safe = tl.where(m == float("-inf"), 0.0, m)
     # pass 2: their sum, shifted by the max
     total = 0.0
     for r in tl.static_range(N):
-        x = _lse_of(recv_ptr, r * s_rn + row, s_rd, D, P) - m_safe
+        x = _lse_of(recv_ptr, r * s_rn + b * s_rb + h * s_rh, s_rd, D, P) - m_safe
         if BASE_E:
             total += tl.exp(x)
         else:
             total += tl.exp2(x)
     if BASE_E:
-        g = m_safe + tl.log(total)
+        g = tl.log(total) + m_safe
     else:
-        g = m_safe + tl.log2(total)
+        g = tl.log2(total) + m_safe
     # pass 3: each rank's weight and its D lanes
-    d = tl.arange(0, BLOCK_D)
     md = d < D  # used only where D is not a power of two: the engine's loads carry no mask
     acc = tl.zeros((BLOCK_D,), dtype=tl.float32)
     for r in tl.static_range(N):
-        s = _lse_of(recv_ptr, r * s_rn + row, s_rd, D, P)
+        base = r * s_rn + b * s_rb + h * s_rh
+        s = _lse_of(recv_ptr, base, s_rd, D, P)
         if BASE_E:
             w = tl.exp(s - g)
         else:
             w = tl.exp2(s - g)
-        w = tl.where(s == float("-inf"), 0.0, w)
+        # exp(-inf - g) is 0 for a finite g; a row of -inf only (g = -inf) gives NaN: 0 too
+        w = tl.where(w != w, 0.0, w)
         if BLOCK_D == D:
-            x = tl.load(recv_ptr + r * s_rn + row + d * s_rd)
+            x = tl.load(recv_ptr + base + d * s_rd).to(tl.float32)
         else:
-            x = tl.load(recv_ptr + r * s_rn + row + d * s_rd, mask=md, other=0.0)
+            x = tl.load(recv_ptr + base + d * s_rd, mask=md, other=0.0).to(tl.float32)
         # a zero weight keeps a NaN partial out (0 * NaN is NaN): a select a lane, as the
         # engine's kernel has
-        acc += w * tl.where(w == 0.0, 0.0, x.to(tl.float32))
+        acc += tl.where(w == 0.0, 0.0, x) * w
     if BLOCK_D == D:
         tl.store(out_ptr + b * s_ob + h * s_oh + d * s_od, acc.to(out_ptr.dtype.element_ty))
     else:
