@@ -62,11 +62,10 @@ def pair(engine, d, p, n, dtype, arch):
     """(the engine's PTX code lines, the baseline's) for one wire."""
     ptr = _PTR[dtype]
     theirs = engine._dcp_a2a_unpack_combine_kernel
-    t_ints = [a for a in theirs.arg_names[3:12] if not a.endswith("_D")
-              and "lse" not in a]
     t_consts = {"recv_stride_D": 1, "out_stride_D": 1, "out_lse_stride_B": 1,
                 "out_lse_stride_H": 1, "N": n, "HEAD_DIM": d, "IS_BASE_E": True,
                 "RETURN_LSE": False, "LSE_PACK_DIM": p}
+    t_ints = [a for a in theirs.arg_names[3:12] if a not in t_consts]
     ours = engine_design._unpack_combine_kernel
     o_consts = {"s_rd": 1, "s_od": 1, "N": n, "D": d, "P": p,
                 "BLOCK_D": triton.next_power_of_2(d), "BASE_E": True, "RETURN_LSE": False}
