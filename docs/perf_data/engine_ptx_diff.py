@@ -26,10 +26,12 @@ if __name__ == "__main__":  # compile, whatever the machine (set before dcp_a2a'
     os.environ["TRITON_INTERPRET"] = "0"
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import torch  # noqa: E402
 import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
+import dcp_a2a  # noqa: E402
 from dcp_a2a.testing import engine_design  # noqa: E402
 
 import issue47_probe as probe  # noqa: E402
@@ -79,7 +81,8 @@ def main(argv=None) -> int:
     ap.add_argument("engine_file", help="vLLM's vllm/v1/attention/ops/dcp.py")
     ap.add_argument("--arch", type=int, default=90, help="compute capability, e.g. 90")
     args = ap.parse_args(argv)
-    wires = sorted({(d, 1 if dt == "float32" else 2, n, dt) for _, _, d, n, dt in probe.ROWS})
+    wires = sorted({(d, dcp_a2a.lse_pack_dim(getattr(torch, dt)), n, dt)
+                    for _, _, d, n, dt in probe.ROWS})
     differ = 0
     with tempfile.TemporaryDirectory() as tmp:
         engine = sbs.load_engine(args.engine_file, tmp)
