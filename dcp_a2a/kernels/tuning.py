@@ -29,6 +29,9 @@ class Launch:
     # combine: programs a head, each one BLOCK_D tile of its lanes (split_d x block_d covers
     # the head; a grid's third axis): fewer registers a program, more programs
     split_d: int = 1
+    # combine: load a wire row from the 16-byte boundary before it (``combine_rows``' FRAME),
+    # where the problem fits (``combine.frame_fits``; the row kernel as it is elsewhere)
+    frame: bool = False
 
     def grid(self, batch: int, heads: int) -> tuple[int, ...]:
         """(token blocks, head blocks), or with ``head_major`` (head blocks, token blocks):
@@ -464,7 +467,8 @@ def launch(kind: str, batch: int, heads: int, head_lanes: int, ranks: int = 1,
                                     o.stream, slab=True, head_major=o.head_major), batch)
         return _compiled(Launch(_fit(o.block_h, heads), block_d, o.num_warps, o.stream,
                                 _fit(o.block_b, batch), lane_loads=o.lane_loads,
-                                head_major=o.head_major, split_d=split_d), batch)
+                                head_major=o.head_major, split_d=split_d, frame=o.frame),
+                         batch)
     rules = INTERPRETER[kind] if _env.INTERPRET else ACTIVE[kind]
     key = (kind, batch, heads, head_lanes, ranks, slab_ok)
     hit = _CHOSEN.get(key)
