@@ -71,7 +71,7 @@ class Rule:
     ``max_head_lanes`` only heads of at least / at most that many lanes, with ``max_ranks``
     only groups of at most that many ranks (a combine thread's loads in flight are N x its
     lanes: fewer ranks, fewer bytes in flight a warp), with ``min_ranks`` only groups of at
-    least that many."""
+    least that many. ``frame`` (combine): the launch's ``frame`` (``Launch``)."""
 
     max_rows: float
     block_d_cap: int
@@ -91,6 +91,7 @@ class Rule:
     min_rows: int = 0
     max_ranks: int = 0
     min_ranks: int = 0
+    frame: bool = False
 
     def launch(self, batch: int, heads: int, head_lanes: int, ranks: int = 1,
                slab_ok: bool = False, any_size: bool = False) -> Launch | None:
@@ -124,7 +125,7 @@ class Rule:
         elif self.one_peer_warps and block_h == 2 * slab and block_h * block_d == lanes:
             block_h = slab  # a full program that straddled two peers: one peer's slab instead
         return Launch(block_h, block_d, warps, self.stream, block_b,
-                      lane_loads=self.lane_loads, head_major=self.head_major)
+                      lane_loads=self.lane_loads, head_major=self.head_major, frame=self.frame)
 
 
 _ANY = float("inf")
