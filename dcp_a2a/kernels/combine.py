@@ -142,7 +142,7 @@ def combine_rows(
     RETURN_LSE: tl.constexpr, IS_BF16: tl.constexpr, PAIRS: tl.constexpr,
     BLOCK_B: tl.constexpr, BLOCK_H: tl.constexpr,
     BLOCK_D: tl.constexpr, STREAM: tl.constexpr, ONE_TILE: tl.constexpr, WIDE: tl.constexpr,
-    NATIVE_BF16: tl.constexpr, SPLIT_D: tl.constexpr, FRAME: tl.constexpr = False,
+    NATIVE_BF16: tl.constexpr, SPLIT_D: tl.constexpr, FRAME: tl.constexpr,
 ):
     """out[b, h, :] = sum_r scale_r * data[r, b, h, :] for this program's rows (BLOCK_B tokens
     x BLOCK_H local heads, ``merge_math.program_rows``): the combine kernel (launched on the
