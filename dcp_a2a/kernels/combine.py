@@ -64,13 +64,19 @@ def _load_lses(data_bits_ptr, lse_ptr, b, h, row_ok,
 @triton.jit
 def _load_ranks(data_ptr, data_bits_ptr, src_row, d, md, s_dn, s_dd,
                 N: tl.constexpr, IS_BF16: tl.constexpr, PAIRS: tl.constexpr,
-                STREAM: tl.constexpr):
+                STREAM: tl.constexpr, ALIGN4: tl.constexpr = False):
     """The [rows, BLOCK_D] tiles of lanes ``d`` of all N ranks, as a tuple indexed by rank:
     32-bit words where PAIRS (two 16-bit values each), else fp32 values. All N loads are
-    issued here, before any arithmetic that waits on them."""
+    issued here, before any arithmetic that waits on them. ALIGN4 (FRAME; ``s_dd`` is then
+    1): ``src_row`` ([1]) and ``s_dn`` are multiples of 4 words, which the compiler is told,
+    so a tile whose mask ``md`` is constant over groups of 4 lanes loads as 16-byte vectors
+    wherever the buffer starts on 16 bytes."""
     tiles = ()
     for r in tl.static_range(N):
-        offs = r * s_dn + src_row[:, None] + d[None, :] * s_dd
+        if ALIGN4:
+            offs = tl.multiple_of(src_row + r * s_dn, 4)[:, None] + d[None, :]
+        else:
+            offs = r * s_dn + src_row[:, None] + d[None, :] * s_dd
         if PAIRS:
             if STREAM:
                 w = tl.load(data_bits_ptr + offs, mask=md, other=0,
@@ -79,30 +85,6 @@ def _load_ranks(data_ptr, data_bits_ptr, src_row, d, md, s_dn, s_dd,
                 w = tl.load(data_bits_ptr + offs, mask=md, other=0)
         else:
             w = load_f32(data_ptr, data_bits_ptr, offs, md, IS_BF16)
-        tiles = tiles + (w,)
-    return tiles
-
-
-@triton.jit
-def _load_frame(data_ptr, data_bits_ptr, base, p, mp, s_dn,
-                N: tl.constexpr, IS_BF16: tl.constexpr, PAIRS: tl.constexpr,
-                STREAM: tl.constexpr):
-    """As _load_ranks, at words ``base + r * s_dn + p`` of each rank r, where ``base`` ([1]) and
-    ``s_dn`` are multiples of 4 words (the host's condition for FRAME): the [1, BLOCK_D] tiles
-    then start on 16 bytes wherever the buffer does, so ``mp`` (whole groups of 4 positions)
-    lets them load as 16-byte vectors."""
-    tiles = ()
-    for r in tl.static_range(N):
-        start = tl.multiple_of(base + r * s_dn, 4)
-        offs = start[:, None] + p[None, :]
-        if PAIRS:
-            if STREAM:
-                w = tl.load(data_bits_ptr + offs, mask=mp, other=0,
-                            eviction_policy="evict_first")
-            else:
-                w = tl.load(data_bits_ptr + offs, mask=mp, other=0)
-        else:
-            w = load_f32(data_ptr, data_bits_ptr, offs, mp, IS_BF16)
         tiles = tiles + (w,)
     return tiles
 
@@ -178,8 +160,8 @@ def combine_rows(
         p = tl.arange(0, BLOCK_D)  # positions from the boundary: lane p - k, the LSE at k + D
         whole = 4 * ((k + D + 1) // 4)  # positions in groups of 4 that lie wholly in the row
         mp = (p[None, :] < whole[:, None])
-        tiles = _load_frame(data_ptr, data_bits_ptr, base, p, mp, s_dn,
-                            N, IS_BF16, PAIRS, STREAM)
+        tiles = _load_ranks(data_ptr, data_bits_ptr, base, p, mp, s_dn, 1,
+                            N, IS_BF16, PAIRS, STREAM, True)
         # the lanes past those groups, or past BLOCK_D (at most 3)
         tail = tl.minimum(whole, BLOCK_D)
         t = tl.arange(0, 4)
