@@ -142,14 +142,14 @@ OPS = {
 }
 
 
-def inputs(b, h, d, n, dtype_name, device):
+def inputs(b, h, d, n, dtype_name, device, seed: int = 0):
     """(P, H/N, out[B, H, D], lse[B, H], send, recv): a seeded partial, a send buffer it was
     packed into and a copy of it to merge (the wire of a group that exchanged nothing)."""
     import dcp_a2a
 
     dtype = getattr(torch, dtype_name)
     p, hpr = dcp_a2a.lse_pack_dim(dtype), h // n
-    g = torch.Generator().manual_seed(0)
+    g = torch.Generator().manual_seed(seed)
     out = torch.randn((b, h, d), generator=g).to(dtype).to(device)
     lse = (torch.randn((b, h), generator=g) * 4).to(device)
     send = torch.empty((n, b, hpr, d + p), dtype=dtype, device=device)

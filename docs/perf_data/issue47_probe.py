@@ -78,13 +78,7 @@ WARPS = (1, 2, 4, 8)
 
 def wire(b, h, d, n, dtype_name, device):
     """(P, recv[N, B, H/N, D+P], bytes an unpack moves): a packed wire of random partials."""
-    dtype = getattr(torch, dtype_name)
-    p, hpr = dcp_a2a.lse_pack_dim(dtype), h // n
-    g = torch.Generator().manual_seed(b * 7 + h + d)
-    out = torch.randn((b, h, d), generator=g).to(dtype).to(device)
-    lse = (torch.randn((b, h), generator=g) * 4).to(device)
-    recv = torch.empty((n, b, hpr, d + p), dtype=dtype, device=device)
-    dcp_a2a.pack_send(out, lse, recv, n, hpr, d, p)
+    p, hpr, out, _, recv, _ = eager.inputs(b, h, d, n, dtype_name, device, seed=b * 7 + h + d)
     es = out.element_size()
     return p, recv, recv.numel() * es + b * hpr * d * es
 
