@@ -64,19 +64,13 @@ def _load_lses(data_bits_ptr, lse_ptr, b, h, row_ok,
 @triton.jit
 def _load_ranks(data_ptr, data_bits_ptr, src_row, d, md, s_dn, s_dd,
                 N: tl.constexpr, IS_BF16: tl.constexpr, PAIRS: tl.constexpr,
-                STREAM: tl.constexpr, ALIGN4: tl.constexpr = False):
+                STREAM: tl.constexpr):
     """The [rows, BLOCK_D] tiles of lanes ``d`` of all N ranks, as a tuple indexed by rank:
     32-bit words where PAIRS (two 16-bit values each), else fp32 values. All N loads are
-    issued here, before any arithmetic that waits on them. ALIGN4 (FRAME; ``s_dd`` is then
-    1): ``src_row`` ([1]) and ``s_dn`` are multiples of 4 words, which the compiler is told,
-    so a tile whose mask ``md`` is constant over groups of 4 lanes loads as 16-byte vectors
-    wherever the buffer starts on 16 bytes."""
+    issued here, before any arithmetic that waits on them."""
     tiles = ()
     for r in tl.static_range(N):
-        if ALIGN4:
-            offs = tl.multiple_of(src_row + r * s_dn, 4)[:, None] + d[None, :]
-        else:
-            offs = r * s_dn + src_row[:, None] + d[None, :] * s_dd
+        offs = r * s_dn + src_row[:, None] + d[None, :] * s_dd
         if PAIRS:
             if STREAM:
                 w = tl.load(data_bits_ptr + offs, mask=md, other=0,
@@ -124,7 +118,7 @@ def combine_rows(
     RETURN_LSE: tl.constexpr, IS_BF16: tl.constexpr, PAIRS: tl.constexpr,
     BLOCK_B: tl.constexpr, BLOCK_H: tl.constexpr,
     BLOCK_D: tl.constexpr, STREAM: tl.constexpr, ONE_TILE: tl.constexpr, WIDE: tl.constexpr,
-    NATIVE_BF16: tl.constexpr, SPLIT_D: tl.constexpr, FRAME: tl.constexpr,
+    NATIVE_BF16: tl.constexpr, SPLIT_D: tl.constexpr,
 ):
     """out[b, h, :] = sum_r scale_r * data[r, b, h, :] for this program's rows (BLOCK_B tokens
     x BLOCK_H local heads, ``merge_math.program_rows``): the combine kernel (launched on the
@@ -137,13 +131,7 @@ def combine_rows(
     offset may pass 2^31), else int32. NATIVE_BF16: round bf16 outputs with the GPU's
     conversion instruction (the same bits, see merge_math; compiled, sm_80 or newer only).
     SPLIT_D > 1 (with ONE_TILE): the grid's third axis picks the BLOCK_D tile of the head this
-    program writes (each of the SPLIT_D programs of a row computes the same weights).
-    FRAME (one row a program, ONE_TILE, 32-bit lanes with the packed LSE word after them,
-    rank slices 4 words apart; the host checks it): a wire row (D + 1 words) starts k = 0-3
-    words past a 16-byte boundary, so its lanes allow only 4-byte loads. FRAME loads the
-    rows from that boundary instead, in 16-byte vectors of whole groups of 4 words that lie
-    in the row, plus the few lanes past them; merges lane by lane there (the same arithmetic
-    on the same values: the bits do not change) and stores at the lanes' own place."""
+    program writes (each of the SPLIT_D programs of a row computes the same weights)."""
     b, h, row_ok = program_rows(B, HPR, BLOCK_B, BLOCK_H, WIDE)
     src_row = b * s_db + h * s_dh
     out_row = (b * HPR + h) * D
@@ -154,28 +142,7 @@ def combine_rows(
     # data is loaded before the weights are computed, so the LSEs and all N data loads can be
     # in flight together. (One [BLOCK_N, BLOCK_H, BLOCK_D] tile was tried: slower at every
     # shape; docs/perf_history.md.)
-    if FRAME:
-        k = src_row % 4  # [1]: the same for every rank (their slices are 4k words apart)
-        base = tl.multiple_of(src_row - k, 4)  # (rank 0's start: base + 0 folds to base)
-        p = tl.arange(0, BLOCK_D)  # positions from the boundary: lane p - k, the LSE at k + D
-        whole = 4 * ((k + D + 1) // 4)  # positions in groups of 4 that lie wholly in the row
-        mp = (p[None, :] < whole[:, None])
-        tiles = _load_ranks(data_ptr, data_bits_ptr, base, p, mp, s_dn, 1,
-                            N, IS_BF16, PAIRS, STREAM, True)
-        # the lanes past those groups, or past BLOCK_D (at most 3)
-        tail = tl.minimum(whole, BLOCK_D)
-        t = tl.arange(0, 4)
-        pt = tail[:, None] + t[None, :]
-        mt = (pt >= k[:, None]) & (pt < (k + D)[:, None])
-        tail_tiles = _load_ranks(data_ptr, data_bits_ptr, base + tail, t, mt, s_dn, 1,
-                                 N, IS_BF16, PAIRS, STREAM)
-        scales, g = merge_weights(lses, N, BASE_E)
-        ms = mp & (p[None, :] >= k[:, None]) & (p[None, :] < (k + D)[:, None])
-        _merge_ranks(tiles, out_ptr, out_bits_ptr, scales, out_row - k, p, ms,
-                     N, IS_BF16, PAIRS, ROWS, BLOCK_D, NATIVE_BF16)
-        _merge_ranks(tail_tiles, out_ptr, out_bits_ptr, scales, out_row - k + tail, t, mt,
-                     N, IS_BF16, PAIRS, ROWS, 4, NATIVE_BF16)
-    elif ONE_TILE:
+    if ONE_TILE:
         d = tl.arange(0, BLOCK_D)
         if SPLIT_D > 1:
             d = d + tl.program_id(2) * BLOCK_D
@@ -266,24 +233,14 @@ def native_bf16(dtype, num_warps: int = 1) -> bool:
 
 
 def _combine_plan(cfg, N, B, hpr, lanes, lse_lanes, return_lse, is_lse_base_on_e, dtype,
-                  pairs, wide, frame):
+                  pairs, wide):
     return cfg.grid(B, hpr), dict(
         N=N, LSE_LANES=lse_lanes, BASE_E=is_lse_base_on_e, RETURN_LSE=return_lse,
         IS_BF16=dtype == torch.bfloat16, PAIRS=pairs, BLOCK_B=cfg.block_b, BLOCK_H=cfg.block_h,
         BLOCK_D=cfg.block_d, STREAM=cfg.stream, ONE_TILE=cfg.block_d * cfg.split_d >= lanes,
         WIDE=wide, NATIVE_BF16=native_bf16(dtype, cfg.num_warps), SPLIT_D=cfg.split_d,
-        FRAME=frame, num_warps=cfg.num_warps,
+        num_warps=cfg.num_warps,
         **NO_CONTRACTION)
-
-
-def frame_fits(cfg, src, lanes, lse_lanes) -> bool:
-    """Whether ``combine_rows`` can take the launch ``cfg`` with FRAME over the buffer ``src``
-    (32-bit lanes, rows of ``lanes`` lanes and then the LSE word): one row a program in one
-    tile, unit lane stride, rank slices a multiple of 4 words apart (every rank's row then
-    lies the same number of words past a 16-byte boundary)."""
-    return (cfg.block_b == 1 and cfg.block_h == 1 and cfg.split_d == 1
-            and cfg.block_d >= lanes and lse_lanes == 1 and src.element_size() == 4
-            and src.stride(0) % 4 == 0 and src.stride(3) == 1)
 
 
 def combine_launch_args(data, lse, N, B, hpr, D, lse_lanes, return_lse, is_lse_base_on_e):
@@ -309,12 +266,11 @@ def combine_launch_args(data, lse, N, B, hpr, D, lse_lanes, return_lse, is_lse_b
     lse_out = torch.empty((B, hpr), dtype=torch.float32, device=dev) if return_lse else None
     wide = needs_int64(src, out) or (lse is not None and needs_int64(lse))
     cfg = combine_launch(N, B, hpr, lanes)
-    frame = cfg.frame and frame_fits(cfg, src, lanes, lse_lanes)
     grid, kw = cached_plan(
         _PLANS, cfg, (N, B, hpr, lanes, lse_lanes, return_lse, is_lse_base_on_e, dtype,
-                      words is not None, wide, frame),
+                      words is not None, wide),
         lambda: _combine_plan(cfg, N, B, hpr, lanes, lse_lanes, return_lse, is_lse_base_on_e,
-                              dtype, words is not None, wide, frame))
+                              dtype, words is not None, wide))
     placeholder = lse_out if lse_out is not None else out
     args = (src, src_bits, lse if lse is not None else placeholder, out, out_bits, placeholder,
             B, hpr, lanes, *src.stride(), *(lse.stride() if lse is not None else (0, 0, 0)))

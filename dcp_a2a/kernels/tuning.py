@@ -29,9 +29,6 @@ class Launch:
     # combine: programs a head, each one BLOCK_D tile of its lanes (split_d x block_d covers
     # the head; a grid's third axis): fewer registers a program, more programs
     split_d: int = 1
-    # combine: load a wire row from the 16-byte boundary before it (``combine_rows``' FRAME),
-    # where the problem fits (``combine.frame_fits``; the row kernel as it is elsewhere)
-    frame: bool = False
 
     def grid(self, batch: int, heads: int) -> tuple[int, ...]:
         """(token blocks, head blocks), or with ``head_major`` (head blocks, token blocks):
@@ -71,7 +68,7 @@ class Rule:
     ``max_head_lanes`` only heads of at least / at most that many lanes, with ``max_ranks``
     only groups of at most that many ranks (a combine thread's loads in flight are N x its
     lanes: fewer ranks, fewer bytes in flight a warp), with ``min_ranks`` only groups of at
-    least that many. ``frame`` (combine): the launch's ``frame`` (``Launch``)."""
+    least that many."""
 
     max_rows: float
     block_d_cap: int
@@ -91,7 +88,6 @@ class Rule:
     min_rows: int = 0
     max_ranks: int = 0
     min_ranks: int = 0
-    frame: bool = False
 
     def launch(self, batch: int, heads: int, head_lanes: int, ranks: int = 1,
                slab_ok: bool = False, any_size: bool = False) -> Launch | None:
@@ -125,7 +121,7 @@ class Rule:
         elif self.one_peer_warps and block_h == 2 * slab and block_h * block_d == lanes:
             block_h = slab  # a full program that straddled two peers: one peer's slab instead
         return Launch(block_h, block_d, warps, self.stream, block_b,
-                      lane_loads=self.lane_loads, head_major=self.head_major, frame=self.frame)
+                      lane_loads=self.lane_loads, head_major=self.head_major)
 
 
 _ANY = float("inf")
@@ -468,8 +464,7 @@ def launch(kind: str, batch: int, heads: int, head_lanes: int, ranks: int = 1,
                                     o.stream, slab=True, head_major=o.head_major), batch)
         return _compiled(Launch(_fit(o.block_h, heads), block_d, o.num_warps, o.stream,
                                 _fit(o.block_b, batch), lane_loads=o.lane_loads,
-                                head_major=o.head_major, split_d=split_d, frame=o.frame),
-                         batch)
+                                head_major=o.head_major, split_d=split_d), batch)
     rules = INTERPRETER[kind] if _env.INTERPRET else ACTIVE[kind]
     key = (kind, batch, heads, head_lanes, ranks, slab_ok)
     hit = _CHOSEN.get(key)

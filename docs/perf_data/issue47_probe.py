@@ -15,11 +15,9 @@
    kernel), the straightforward kernel, and candidate launches of our own kernel for the decode
    band (bench variants only: the table is not changed without this measurement): one
    (token, local head) a program, the whole head in one tile, 1, 2, 4 or 8 warps (those the
-   table does not already give), the same with the wire rows read from the 16-byte boundary
-   before them in 16-byte vectors ("frame_w*", ``combine_rows``' FRAME, where it fits), two
-   heads a program at 1, 2 or 4 warps ("h2_w*", where the table gives one), a head's lanes
-   split over 2 programs at 1, 2 or 4 warps or over 4 at 1 or 2 ("d2_w*", "d4_w*": fewer
-   registers a program; where each gets 32 lanes or more),
+   table does not already give), two heads a program at 1, 2 or 4 warps ("h2_w*", where the
+   table gives one), a head's lanes split over 2 programs at 1, 2 or 4 warps or over 4 at 1
+   or 2 ("d2_w*", "d4_w*": fewer registers a program; where each gets 32 lanes or more),
    the table's launch with the 16-bit lanes moved one by one instead of paired into words
    ("elements"), with the other bf16 rounding ("int_cvt": the integer one
    where the table's launch rounds natively; "native_cvt" where it does not), and with
@@ -139,13 +137,6 @@ def variants_at(b, h, d, n, dtype_name, device, fma=True, was=None, only=None):
         cfg = tuning.Launch(1, 1 << 30, w)  # block_d: capped at the head's power of two
         if (table.block_h, table.num_warps) != (1, w) or table.block_d < lanes:
             v[f"head_w{w}"] = with_launch(cfg, ours)
-    for w in WARPS:  # one head a program, its wire row loaded from the 16-byte boundary
-        # before it in 16-byte vectors (combine_rows' FRAME), where the problem fits that
-        cfg = tuning.Launch(1, 1 << 30, w, frame=True)
-        takes = with_launch(cfg, lambda: combine.combine_launch_args(
-            recv, None, n, b, hpr, d, p, False, True)[2]["FRAME"])
-        if takes():
-            v[f"frame_w{w}"] = with_launch(cfg, ours)
     for heads in (2, 4):  # several heads a program: fewer programs (4: heads <= 128 lanes)
         if table.block_h != heads and hpr >= heads and (heads == 2 or lanes <= 128):
             for w in (1, 2, 4):

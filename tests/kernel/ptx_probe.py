@@ -24,7 +24,7 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from dcp_a2a.kernels import combine, pack, tuning  # noqa: E402
+from dcp_a2a.kernels import combine, pack  # noqa: E402
 from dcp_a2a.wire import wire_shape  # noqa: E402
 
 _PTR = {torch.int16: "*i16", torch.int32: "*i32", torch.float32: "*fp32",
@@ -98,20 +98,6 @@ def combine_ptx(b, h, d, n, dtype):
     return _ptx(kernel, args, kw)
 
 
-def combine_frame_ptx(b, h, d, n, dtype, warps):
-    """The combine at one head a program and ``warps`` warps, with FRAME (each wire row read
-    from the 16-byte boundary before it)."""
-    tuning.OVERRIDES["combine"] = tuning.Launch(1, 1 << 30, warps, frame=True)
-    try:
-        return combine_ptx(b, h, d, n, dtype)
-    finally:
-        tuning.OVERRIDES.pop("combine", None)
-
-
-FRAME_SHAPES = {  # name: (B, H, D, N, dtype, warps): 4 words a thread, 2 words a thread
-    "decode": (64, 64, 512, 4, torch.bfloat16, 2),
-    "fp32": (256, 32, 128, 4, torch.float32, 2),
-}
 SHAPES = {  # name: (B, H, D, N, dtype): a decode launch, a mid-size one, the large one
     "decode": (1, 128, 512, 8, torch.bfloat16),
     "decode_fp32_d512": (16, 64, 512, 4, torch.float32),  # two 512-lane heads a program
@@ -127,6 +113,4 @@ if __name__ == "__main__":
     for name, shape in SHAPES.items():
         ptx[f"pack_{name}"] = pack_ptx(*shape)
         ptx[f"combine_{name}"] = combine_ptx(*shape)
-    for name, shape in FRAME_SHAPES.items():
-        ptx[f"combine_frame_{name}"] = combine_frame_ptx(*shape)
     json.dump(ptx, sys.stdout)

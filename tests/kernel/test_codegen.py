@@ -74,22 +74,6 @@ def test_combine_loads_everything_before_the_merge_math(ptx, shape):
     assert max(loads) < min(exps), "a data load issued after the merge weights"
 
 
-@pytest.mark.parametrize("shape,vector", [("frame_decode", "v4"), ("frame_fp32", "v2")])
-def test_combine_frame_loads_the_wire_in_vectors(ptx, shape, vector):
-    """FRAME's point: each rank's wire row loads as vectors (4 words a thread at B=64 H=64
-    D=512 N=4 bf16 with 2 warps, 2 at fp32 D=128), where the row kernel can load only words
-    (rows of D + 1 words start on no 16-byte boundary). A compiler that cannot see the frame's
-    start is a multiple of 4 words (Triton folds ``start + 0`` for rank 0 and drops its hint)
-    loads words again: every test of the bits still passes. All loads come before the merge
-    weights, as in the row kernel."""
-    code = ptx[f"combine_{shape}"]
-    wide = _lines(code, f"ld.global.{vector}.b32")
-    assert len(wide) == 4, (f"{len(wide)} {vector} wire loads, expected one a rank (4): "
-                            f"{[code[i].strip() for i in _lines(code, 'ld.global')]}")
-    loads, exps = _lines(code, "ld.global"), _lines(code, "ex2.approx")
-    assert max(loads) < min(exps), "a data load issued after the merge weights"
-
-
 @pytest.mark.parametrize("shape", ["large", "large_fp32", "slab_fp32_d512"])
 def test_large_pack_stores_16_byte_vectors(ptx, shape):
     """The slab kernel's point: the wire stores are 16-byte vectors (all but one instruction,
