@@ -118,7 +118,7 @@ def combine_rows(
     RETURN_LSE: tl.constexpr, IS_BF16: tl.constexpr, PAIRS: tl.constexpr,
     BLOCK_B: tl.constexpr, BLOCK_H: tl.constexpr,
     BLOCK_D: tl.constexpr, STREAM: tl.constexpr, ONE_TILE: tl.constexpr, WIDE: tl.constexpr,
-    NATIVE_BF16: tl.constexpr, SPLIT_D: tl.constexpr,
+    NATIVE_BF16: tl.constexpr, SPLIT_D: tl.constexpr, HEAD_MAJOR: tl.constexpr,
 ):
     """out[b, h, :] = sum_r scale_r * data[r, b, h, :] for this program's rows (BLOCK_B tokens
     x BLOCK_H local heads, ``merge_math.program_rows``): the combine kernel (launched on the
@@ -131,8 +131,10 @@ def combine_rows(
     offset may pass 2^31), else int32. NATIVE_BF16: round bf16 outputs with the GPU's
     conversion instruction (the same bits, see merge_math; compiled, sm_80 or newer only).
     SPLIT_D > 1 (with ONE_TILE): the grid's third axis picks the BLOCK_D tile of the head this
-    program writes (each of the SPLIT_D programs of a row computes the same weights)."""
-    b, h, row_ok = program_rows(B, HPR, BLOCK_B, BLOCK_H, WIDE)
+    program writes (each of the SPLIT_D programs of a row computes the same weights).
+    HEAD_MAJOR: the grid's first two axes swapped (``Launch.grid``: programs dispatched one
+    after another read one token's heads, consecutive wire rows)."""
+    b, h, row_ok = program_rows(B, HPR, BLOCK_B, BLOCK_H, WIDE, HEAD_MAJOR)
     src_row = b * s_db + h * s_dh
     out_row = (b * HPR + h) * D
     ROWS: tl.constexpr = BLOCK_B * BLOCK_H
@@ -239,7 +241,7 @@ def _combine_plan(cfg, N, B, hpr, lanes, lse_lanes, return_lse, is_lse_base_on_e
         IS_BF16=dtype == torch.bfloat16, PAIRS=pairs, BLOCK_B=cfg.block_b, BLOCK_H=cfg.block_h,
         BLOCK_D=cfg.block_d, STREAM=cfg.stream, ONE_TILE=cfg.block_d * cfg.split_d >= lanes,
         WIDE=wide, NATIVE_BF16=native_bf16(dtype, cfg.num_warps), SPLIT_D=cfg.split_d,
-        num_warps=cfg.num_warps,
+        HEAD_MAJOR=cfg.head_major, num_warps=cfg.num_warps,
         **NO_CONTRACTION)
 
 

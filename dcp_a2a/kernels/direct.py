@@ -100,7 +100,8 @@ def _combine_from_peers_kernel(
     RETURN_LSE: tl.constexpr, IS_BF16: tl.constexpr, PAIRS: tl.constexpr,
     BLOCK_B: tl.constexpr, BLOCK_H: tl.constexpr,
     BLOCK_D: tl.constexpr, STREAM: tl.constexpr, ONE_TILE: tl.constexpr, WIDE: tl.constexpr,
-    NATIVE_BF16: tl.constexpr, SPLIT_D: tl.constexpr, ASM: tl.constexpr,
+    NATIVE_BF16: tl.constexpr, SPLIT_D: tl.constexpr, HEAD_MAJOR: tl.constexpr,
+    ASM: tl.constexpr,
 ):
     """Step 2 of the module docstring: wait for the N slices of this call, merge its slot."""
     target = tl.load(epoch_ptr)
@@ -112,7 +113,8 @@ def _combine_from_peers_kernel(
     combine_rows(data_ptr + off, data_bits_ptr + off, lse_ptr, out_ptr, out_bits_ptr,
                  lse_out_ptr, B, HPR, D, s_dn, s_db, s_dh, s_dd, s_ln, s_lb, s_lh,
                  N, LSE_LANES, BASE_E, RETURN_LSE, IS_BF16, PAIRS,
-                 BLOCK_B, BLOCK_H, BLOCK_D, STREAM, ONE_TILE, WIDE, NATIVE_BF16, SPLIT_D)
+                 BLOCK_B, BLOCK_H, BLOCK_D, STREAM, ONE_TILE, WIDE, NATIVE_BF16, SPLIT_D,
+                 HEAD_MAJOR)
 
 
 def pack_to_peers(out, lse, tables, seq_lens=None, query_start_loc=None) -> None:

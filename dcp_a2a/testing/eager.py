@@ -60,7 +60,8 @@ def _empty_combine(data_ptr, data_bits_ptr, lse_ptr, out_ptr, out_bits_ptr, lse_
                    RETURN_LSE: tl.constexpr, IS_BF16: tl.constexpr, PAIRS: tl.constexpr,
                    BLOCK_B: tl.constexpr, BLOCK_H: tl.constexpr,
                    BLOCK_D: tl.constexpr, STREAM: tl.constexpr, ONE_TILE: tl.constexpr,
-                   WIDE: tl.constexpr, NATIVE_BF16: tl.constexpr, SPLIT_D: tl.constexpr):
+                   WIDE: tl.constexpr, NATIVE_BF16: tl.constexpr, SPLIT_D: tl.constexpr,
+                   HEAD_MAJOR: tl.constexpr):
     pass
 
 

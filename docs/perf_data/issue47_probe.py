@@ -18,6 +18,8 @@
    table does not already give), two heads a program at 1, 2 or 4 warps ("h2_w*", where the
    table gives one), a head's lanes split over 2 programs at 1, 2 or 4 warps or over 4 at 1
    or 2 ("d2_w*", "d4_w*": fewer registers a program; where each gets 32 lanes or more),
+   one head a program on a head-major grid at 1, 2 or 4 warps ("hm_w*": the programs
+   dispatched one after another read one token's heads, consecutive wire rows),
    the table's launch with the 16-bit lanes moved one by one instead of paired into words
    ("elements"), with the other bf16 rounding ("int_cvt": the integer one
    where the table's launch rounds natively; "native_cvt" where it does not), and with
@@ -137,6 +139,9 @@ def variants_at(b, h, d, n, dtype_name, device, fma=True, was=None, only=None):
         cfg = tuning.Launch(1, 1 << 30, w)  # block_d: capped at the head's power of two
         if (table.block_h, table.num_warps) != (1, w) or table.block_d < lanes:
             v[f"head_w{w}"] = with_launch(cfg, ours)
+    for w in WARPS[:3]:  # one head a program on a head-major grid: programs dispatched one
+        # after another read one token's heads (consecutive wire rows), not one head's tokens
+        v[f"hm_w{w}"] = with_launch(tuning.Launch(1, 1 << 30, w, head_major=True), ours)
     for heads in (2, 4):  # several heads a program: fewer programs (4: heads <= 128 lanes)
         if table.block_h != heads and hpr >= heads and (heads == 2 or lanes <= 128):
             for w in (1, 2, 4):

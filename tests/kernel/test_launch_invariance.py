@@ -52,6 +52,8 @@ def _configs(out, n):
     # the combine with a head's lanes split over 2 and 4 programs (the bench's candidates; on
     # the interpreter's shape the last tile is partly masked, and 4 gives 3 programs a row)
     lists["combine"] += [tuning.Launch(1, 0, 2, split_d=s) for s in (2, 4)]
+    # and on a head-major grid (the bench's candidates; programs walk a token's heads)
+    lists["combine"] += [tuning.Launch(h, 1 << 30, 2, head_major=True) for h in (1, 2)]
     if out.device.type == "cpu":
         lists = {k: _interpreted(v) for k, v in lists.items()}
     runs = max(len(v) for v in lists.values())
