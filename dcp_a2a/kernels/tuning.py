@@ -25,7 +25,8 @@ class Launch:
     block_b: int = 1  # tokens a program (a power of two; > 1 only in the interpreter, see below)
     slab: bool = False  # pack only: the slab kernel, BLOCK_H heads (4 | BLOCK_H | H/N) a chunk
     lane_loads: bool = False  # pack's row kernel: loads in the stores' layout (no shared memory)
-    head_major: bool = False  # pack: the grid's first axis walks heads (see ``grid``)
+    head_major: bool = False  # the grid's first axis walks heads (see ``grid``; the table
+    # gives it to pack launches only, the combine's is a bench candidate)
     # combine: programs a head, each one BLOCK_D tile of its lanes (split_d x block_d covers
     # the head; a grid's third axis): fewer registers a program, more programs
     split_d: int = 1
