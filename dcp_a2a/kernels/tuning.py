@@ -392,6 +392,12 @@ CANDIDATES: dict[str, dict[str, tuple[Rule, ...]]] = {
     # ... and with four 40-lane heads a program at 2k-4k rows in groups of 8 too (a63fcd4)
     "combine_a63fcd4": {**TABLE, "combine": tuple(r for r in _COMBINE_EIGHTEENTH
                                                    if not r.min_ranks)},
+    # the combine's rules with a head-major grid where a problem has more than 1024 rows (the
+    # twenty-sixth pass: 1.5-4 % faster than token-major at 4096-8192 rows of 256-lane heads,
+    # none at 1024; docs/perf_history.md): every rule of more than 1024 rows on that grid, to
+    # time at the grid's points before any rule of the table takes it
+    "combine_head_major": {**TABLE, "combine": tuple(
+        replace(r, head_major=True) if r.max_rows > 1024 else r for r in TABLE["combine"])},
     # the pack rules of the third pass (one head a program and 2 warps up to 1024 rows, 4096
     # lanes and 8 warps above)
     "pack_third_pass": {**TABLE, "pack": (Rule(1024, 1024, 1, 2), Rule(32768, 1024, 4096, 8),

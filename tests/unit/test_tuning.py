@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import astuple
+from dataclasses import astuple, replace
 
 import pytest
 
@@ -318,3 +318,19 @@ def test_split_is_the_combines_alone(monkeypatch):
     monkeypatch.setitem(tuning.OVERRIDES, "pack", tuning.Launch(1, 0, 2, split_d=2))
     with pytest.raises(ValueError, match="only the combine"):
         tuning.pack_launch(3, 8, 64, 4)
+
+
+@pytest.mark.parametrize("b, h, n, lanes", [(64, 16, 8, 256), (64, 16, 4, 256), (256, 16, 8, 256),
+                                            (512, 16, 8, 256), (8192, 16, 4, 256),
+                                            (100_000, 8, 2, 64)])
+def test_head_major_candidate_differs_only_in_the_grids_order(compiled, monkeypatch,
+                                                             b, h, n, lanes):
+    """The bench's ``combine_head_major`` table: the table's launch at every problem, on a
+    head-major grid where a rule of more than 1024 rows takes it, token-major where the token
+    blocks exceed a grid's second axis (65535)."""
+    table = tuning.combine_launch(n, b, h, lanes)
+    monkeypatch.setattr(tuning, "ACTIVE", tuning.CANDIDATES["combine_head_major"])
+    cand = tuning.combine_launch(n, b, h, lanes)
+    assert replace(cand, head_major=False) == table and not table.head_major
+    assert cand.head_major == (b * h > 1024 and b <= 65535)
+    assert cand.grid(b, h) == (table.grid(b, h)[::-1] if cand.head_major else table.grid(b, h))
