@@ -5,7 +5,7 @@
     python docs/perf_data/issue47_probe.py OUT.json --from-grid GRID.json --rounds 3
         (part 1 only, at a grid's points slower than the engine design, worst first)
     python docs/perf_data/issue47_probe.py OUT.json --from-grid GRID.json \
-        --changed-from combine_seventeenth_pass
+        --changed-from combine_seventeenth_pass [--skip K]
         (part 1 only, at every grid point whose combine launch the named table of
         tuning.CANDIDATES chose otherwise: ours, the engine design, the straightforward kernel
         and that table's launch, "was"; no other candidates)
@@ -300,6 +300,9 @@ def main(argv=None) -> int:
                     help="with --from-grid: instead of its misses, every point whose combine "
                          "launch TABLE (a name in tuning.CANDIDATES) chose otherwise, timed "
                          "beside that launch ('was')")
+    ap.add_argument("--skip", type=int, default=0, metavar="K",
+                    help="leave out the first K rows (a second call going on where the first "
+                         "one's --budget stopped: K = the rows its JSON timed)")
     ap.add_argument("--only", metavar="PREFIXES",
                     help="comma-separated name prefixes: time only these candidates (e.g. "
                          "'d' for the split heads) beside ours and the baselines")
@@ -316,6 +319,9 @@ def main(argv=None) -> int:
         rows, eager_rows_at = list(was), []
     elif args.from_grid:
         rows, eager_rows_at = grid_misses(args.from_grid, args.min_ratio), []
+    if args.skip < 0:
+        ap.error("--skip takes a count of rows, 0 or more")
+    rows = rows[args.skip:]
     graph, skipped = [], []
     for point in rows:
         if time.time() - t0 > args.budget:
