@@ -55,10 +55,15 @@ def _times(proc):
 
 
 def _held(path):
-    try:
-        return sorted(json.loads(path.read_text()).values())
-    except (FileNotFoundError, ValueError):
-        return []
+    """The shares held, read under the holders' lock (a holder rewrites the file in place: a
+    read without the lock can see it empty, as one on the loaded CI machine once did)."""
+    from filelock import FileLock
+
+    with FileLock(str(path) + ".lock"):
+        try:
+            return sorted(json.loads(path.read_text()).values())
+        except FileNotFoundError:
+            return []
 
 
 def _wait_until(predicate, what):
