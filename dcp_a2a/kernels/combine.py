@@ -26,7 +26,6 @@ from .launch import bind, launch
 from .tuning import combine_launch, scale_launch
 from .merge_math import (
     NO_CONTRACTION,
-    add_product,
     add_weighted,
     join_pair_from_f32,
     load_f32,
@@ -34,7 +33,6 @@ from .merge_math import (
     program_rows,
     split_pair_f32,
     store_from_f32,
-    unweighted_to_zero,
     weighted_term,
 )
 
@@ -90,19 +88,17 @@ def _merge_ranks(tiles, out_ptr, out_bits_ptr, scales, out_row, d, md,
                  N: tl.constexpr, IS_BF16: tl.constexpr, PAIRS: tl.constexpr,
                  ROWS: tl.constexpr, BLOCK_D: tl.constexpr, NATIVE_BF16: tl.constexpr):
     """Store sum_r scale_r * tiles[r], added in rank order 0..N-1 (the order merge_weights
-    sums the weights in). Paired lanes drop a zero weight's word before splitting it (one
-    select a word, not one a value: the same bits, docs/perf_history.md, twenty-seventh
-    pass). (A branch a rank on a one-row program's weight, instead of the select a lane in
-    add_weighted, was 2-23 % slower, median 8 %, at issue 47's 17 rows on an H100:
-    docs/perf_history.md, sixteenth pass.)"""
+    sums the weights in). (A branch a rank on a one-row program's weight, instead of the
+    select a lane in add_weighted, was 2-23 % slower, median 8 %, at issue 47's 17 rows on
+    an H100: docs/perf_history.md, sixteenth pass.)"""
     acc = tl.zeros((ROWS, BLOCK_D), dtype=tl.float32)
     acc_hi = tl.zeros((ROWS, BLOCK_D), dtype=tl.float32)  # PAIRS only
     for r in tl.static_range(N):
         sc = scales[r][:, None]
         if PAIRS:
-            lo, hi = split_pair_f32(unweighted_to_zero(tiles[r], sc), IS_BF16)
-            acc = add_product(acc, sc, lo)
-            acc_hi = add_product(acc_hi, sc, hi)
+            lo, hi = split_pair_f32(tiles[r], IS_BF16)
+            acc = add_weighted(acc, sc, lo)
+            acc_hi = add_weighted(acc_hi, sc, hi)
         else:
             acc = add_weighted(acc, sc, tiles[r])
     offs_out = out_row[:, None] + d[None, :]

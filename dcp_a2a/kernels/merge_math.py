@@ -139,21 +139,6 @@ def add_weighted(acc, scale_n, x):
     return acc + weighted_term(scale_n, x)
 
 
-@triton.jit
-def unweighted_to_zero(w, scale_n):
-    """The words ``w`` (two 16-bit values each), zero where the weight is 0: one select a
-    word instead of one a value. Their values then go through ``add_product``, which gives
-    ``add_weighted``'s bits: scale_n * x where scale_n > 0, and 0 * (+0) = +0 where it is 0
-    (scale_n is never negative nor NaN, see merge_weights)."""
-    return tl.where(scale_n > 0, w, 0)
-
-
-@triton.jit
-def add_product(acc, scale_n, x):
-    """acc + scale_n * x in two roundings, for ``x`` already zero where scale_n is 0."""
-    return acc + scale_n * x
-
-
 # bfloat16 conversions through integer bits. Triton's CPU interpreter truncates fp32 -> bf16,
 # so the rounding to nearest, ties to even is written out in integer arithmetic: the CPU tier
 # then tests the bits a GPU gives. Compiled for sm_80 or newer a kernel may instead pass
