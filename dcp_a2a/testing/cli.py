@@ -398,11 +398,17 @@ def validate(args) -> int:
                          "selected": len(res.collection.get("selected", [])),
                          "collect_errors": res.session.get("collect_errors", 0),
                          "problem": run_problem(res)})
-    failures = [{"nodeid": r["nodeid"], "tiers": r.get("tiers", []), "outcome": r["outcome"],
-                 "clause": r.get("clause"),
-                 "phase": r.get("phase"), "message": r.get("message", ""),
-                 "text": r.get("text", "")}
-                for r in records if r["outcome"] in ("failed", "error")]
+    from .plugin import CLAUSES
+    from .verdicts import by_severity, clause_table
+
+    # worst first: defects, then weaker precision, limitations, conventions (.verdicts)
+    failures = by_severity([
+        {"nodeid": r["nodeid"], "tiers": r.get("tiers", []), "outcome": r["outcome"],
+         "clause": r.get("clause"), "phase": r.get("phase"), "message": r.get("message", ""),
+         "text": r.get("text", ""), "severity": r.get("severity"), "repro": r.get("repro")}
+        for r in records if r["outcome"] in ("failed", "error")])
+    contract = clause_table([r for r in records if "conformance" in r.get("tiers", ())],
+                            CLAUSES)
     # the self-check's tests run the conformance tier per mutant: left out of every tier by
     # design (python -m dcp_a2a.testing.selfcheck runs them); anything else without a tier is
     # worth a note
@@ -444,7 +450,10 @@ def validate(args) -> int:
         "wall_s": time.monotonic() - t_start,
         "command": ["dcp-a2a"] + args.argv,
         "implementation": {"spec": impl, "module": impl_obj.module, "file": impl_obj.file,
-                           "missing": missing, "described": impl_obj.describe()},
+                           "missing": missing, "described": impl_obj.describe(),
+                           "surfaces": sorted(impl_obj.surfaces),
+                           "envelope": impl_obj.envelope.describe()},
+        "contract": contract,
         "options": {"impl": impl, "impl_missing": missing,
                     "tiers": requested, "quick": args.quick, "no_slow": args.no_slow,
                     "evals": args.evals,

@@ -1,9 +1,12 @@
 """Load an implementation of the dcp_a2a contract by spec, for the conformance suite.
 
-SPEC is ``package.module``, ``package.module:attr``, a file ``path/to/adapter.py[:attr]``, or the
-name of a shipped adapter (``vllm``: :mod:`dcp_a2a.testing.adapters.vllm`); the object must provide
-``lse_pack_dim``, ``pack_send``, ``unpack_combine`` and ``lse_reduce`` with the contract's
-signatures (see the README).
+SPEC is ``package.module``, ``package.module:attr``, a file ``path/to/adapter.py[:attr]``, or an
+engine: ``ENGINE[:VARIANT][=PATH]`` with ENGINE one of :data:`ENGINES` (``vllm``, ``sglang``,
+``flashinfer``; :mod:`dcp_a2a.testing.adapters`): the engine installed here, or with ``=PATH`` its
+published release (a wheel, or the source file of its DCP ops) read without installing it. The
+object provides some of the contract's functions (``lse_pack_dim``, ``pack_send``,
+``unpack_combine``, ``lse_reduce``, ``merge``) with the contract's signatures (see the README);
+what it exposes decides which clauses judge it (:mod:`dcp_a2a.testing.surfaces`).
 
 Rules (docs/conformance.md, "What --impl accepts"):
 
@@ -31,11 +34,29 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from . import repro
+from .surfaces import FUNCTIONS, envelope_of, exposed
+from .verdicts import IMPL_RAISED
+
+# the four functions of the packed design (``missing`` lists these); ``merge`` is optional
 CONTRACT = ("lse_pack_dim", "pack_send", "unpack_combine", "lse_reduce")
 DEFAULT_SPEC = "dcp_a2a"
 ENV_VAR = "DCP_A2A_IMPL"
-# Shipped adapters, by the short names users pass (``--impl vllm``).
-ALIASES = {"vllm": "dcp_a2a.testing.adapters.vllm"}
+# Shipped engine adapters, by the names users pass (``--impl vllm``, ``--impl sglang=PATH``).
+ENGINES = ("vllm", "sglang", "flashinfer")
+ALIASES = {name: f"dcp_a2a.testing.adapters.{name}" for name in ENGINES}
+
+
+def engine_spec(spec: str) -> tuple[str, str | None, str | None] | None:
+    """(engine, variant, path) of ``ENGINE[:VARIANT][=PATH]``, or None for any other spec."""
+    head, eq, path = spec.partition("=")
+    name, _, variant = head.partition(":")
+    if name not in ENGINES:
+        return None
+    if eq and not path.strip():
+        raise ValueError(f"--impl {spec!r}: nothing after '=' (name the engine's release: its "
+                         "wheel or the source file of its DCP ops)")
+    return name, (variant or None), (path.strip() or None) if eq else None
 
 
 class MissingFunction(AttributeError):
@@ -91,7 +112,28 @@ class Implementation:
         return [n for n in CONTRACT if not self.has(n)]
 
     @property
+    def surfaces(self) -> frozenset:
+        """The surfaces of the contract it exposes (:func:`dcp_a2a.testing.surfaces.exposed`)."""
+        return exposed(self.obj)
+
+    def exposes(self, surface: str) -> bool:
+        return surface in self.surfaces
+
+    @property
+    def envelope(self):
+        """Its declared :class:`~dcp_a2a.testing.surfaces.Envelope` (the whole contract if none)."""
+        return envelope_of(self.obj)
+
+    @property
+    def engine(self) -> str | None:
+        """What the adapter says it wraps (``ENGINE``: "vLLM 0.34.0 (...)"), or None."""
+        return getattr(self.obj, "ENGINE", None)
+
+    @property
     def module(self) -> str:
+        eng = engine_spec(self.spec)
+        if eng is not None:
+            return ALIASES[eng[0]]
         return ALIASES.get(self.spec, self.spec).partition(":")[0]
 
     @property
@@ -104,15 +146,38 @@ class Implementation:
         """``spec (module path, file)``: exactly what is under test, for reports."""
         where = self.file or "no file"
         name = self.spec if self.module == self.spec else f"{self.spec} = {self.module}"
+        if self.engine:
+            name += f", {self.engine}"
         return f"{name} ({where})"
 
     def __getattr__(self, name: str):
-        if name in CONTRACT:
+        if name in FUNCTIONS:
             fn = getattr(self.obj, name, None)
             if not callable(fn):
                 raise MissingFunction(self.spec, name)
-            return fn
+            return _traced(name, fn)
         raise AttributeError(name)
+
+
+def _traced(name: str, fn):
+    """``fn`` recording each call for a reproducer (:mod:`.repro`) and marking what it raises
+    as raised by the implementation (:mod:`.verdicts`: an exception from a call a test expected
+    to succeed is a loud refusal, not a wrong result)."""
+    import functools
+
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        repro.record(name, args, kwargs)
+        try:
+            return fn(*args, **kwargs)
+        except Exception as e:
+            try:
+                setattr(e, IMPL_RAISED, True)
+            except (AttributeError, TypeError):
+                pass
+            raise
+
+    return call
 
 
 def _put_on_path(directory: str) -> None:
@@ -170,12 +235,30 @@ def importable(spec: str) -> str:
     return spec
 
 
+def _load_engine(spec: str, engine: str, variant: str | None, path: str | None) -> Implementation:
+    """An engine adapter's implementation object: ``adapters.ENGINE.adapter(variant, source)``.
+    Its ImportError or ValueError (the engine missing, a release without the named functions)
+    becomes one ValueError naming what is missing."""
+    if path is not None:  # every process the suite starts reads the same file
+        path = os.path.abspath(os.path.expanduser(path))
+        spec = f"{engine}{':' + variant if variant else ''}={path}"
+    try:
+        mod = importlib.import_module(ALIASES[engine])
+        obj = mod.adapter(variant=variant, source=path)
+    except (ImportError, ValueError, FileNotFoundError) as e:
+        raise ValueError(f"--impl {spec}: {e}") from e
+    return Implementation(spec, obj)
+
+
 def load_impl(spec: str | None = None) -> Implementation:
     """Import the implementation ``spec`` (None: :func:`resolve_spec`'s default). ValueError,
     naming the problem, when it cannot be used at all."""
     spec = resolve_spec(spec) if spec is None else spec
     if not spec.strip():
         raise ValueError("the implementation spec is empty: name it as package.module[:attr]")
+    eng = engine_spec(spec)
+    if eng is not None:
+        return _load_engine(spec, *eng)
     if spec not in ALIASES:
         spec = importable(spec)
         _path_from_environment()
@@ -215,7 +298,11 @@ def load_impl(spec: str | None = None) -> Implementation:
                          f"{obj.__name__}(), then {mod_name}:IMPL) or a module with the "
                          "contract's functions")
     impl = Implementation(spec, obj)
-    if len(impl.missing()) == len(CONTRACT):
+    if not any(impl.has(n) for n in FUNCTIONS):
         raise ValueError(f"{spec} ({impl.file or mod_name}) has none of the contract's "
-                         f"functions ({', '.join(CONTRACT)}): not an implementation of it")
+                         f"functions ({', '.join(FUNCTIONS)}): not an implementation of it")
+    try:
+        impl.surfaces, impl.envelope
+    except ValueError as e:
+        raise ValueError(f"{spec}: {e}") from None
     return impl

@@ -23,10 +23,12 @@ import torch
 
 import dcp_a2a  # noqa: F401  (chooses compiled or interpreted Triton before any kernel exists)
 
-from . import poolgroup
+from . import poolgroup, repro
 from .cores import THREADS_ENV, thread_share
 from .impl import (DEFAULT_SPEC, ENV_VAR, MissingFunction, load_impl,
                    missing_function_message, resolve_spec)
+from .surfaces import NOT_APPLICABLE, Unsupported, surfaces_of
+from .verdicts import severity_of, severity_of_text
 
 # The parts of the contract a conformance test can check (its ``clause`` marker); a report
 # groups failures by them, so an engine author reads divergences by class.
@@ -40,6 +42,12 @@ CLAUSES = {
                 "merge of its heads",
     "bad input": "a clear ValueError/TypeError before any launch or collective",
     "graphs": "buffers under CUDA graphs: capture, regrowth, shared pools, aliasing, streams",
+    "caller buffer": "the merged result written into a buffer the caller owns (into=): its "
+                     "checks, no allocation for it, nothing else written",
+    "up-projection": "MLA's up-projection by W_UV before or after the exchange: both orders "
+                     "within the derived bound of the float64 oracle, the switch the right way",
+    "envelope": "the inputs the implementation declares it refuses are refused loudly, never "
+                "merged into wrong numbers",
 }
 
 MARKERS = {
@@ -58,6 +66,8 @@ MARKERS = {
     "clause(name)": "the contract clause a conformance test checks: " + ", ".join(CLAUSES),
     "needs(*names)": "contract functions the test calls: it skips on an implementation under "
                      "test that lacks one",
+    "surface(*names)": "surfaces of the contract the test needs (dcp_a2a.testing.surfaces), "
+                       "instead of its clause's: not applicable where one is not exposed",
     # pytest-xdist's own marker, registered here too so that runs without xdist (-p no:xdist)
     # still accept it under --strict-markers
     "xdist_group(name)": "tests that must share one xdist worker under --dist loadgroup",
@@ -153,15 +163,61 @@ def _impl_under_test():
     return load_impl(os.environ[ENV_VAR])
 
 
+# the test after which this process's CUDA context was lost (an illegal access in the code under
+# test poisons it: every later CUDA call fails with the same error)
+_LOST_CONTEXT: list[str] = []
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item):
-    """``needs(name, ...)``: skip before the test (and any pool of ranks) starts."""
+    """Skip before the test (and any pool of ranks) starts: ``needs(name, ...)`` a function the
+    implementation lacks; a surface it does not expose ("not applicable: SURFACE", only for
+    tests that take the ``impl`` fixture: the project's own tests judge dcp_a2a); a process
+    whose GPU context an earlier test's memory unsafety destroyed."""
+    repro.clear()
+    if _LOST_CONTEXT:
+        pytest.skip(f"not run: this process lost its CUDA context to memory unsafety in "
+                    f"{_LOST_CONTEXT[0]}")
     names = [n for m in item.iter_markers("needs") for n in m.args]
-    if names:
+    uses_impl = "impl" in getattr(item, "fixturenames", ())
+    if names or uses_impl:
         impl = _impl_under_test()
         lacking = [n for n in names if not impl.has(n)]
         if lacking:
             pytest.skip(f"implementation {impl.spec} has no {', '.join(lacking)}")
+        if uses_impl:
+            absent = [s for s in surfaces_of(item) if not impl.exposes(s)]
+            if absent:
+                pytest.skip(f"{NOT_APPLICABLE}{', '.join(absent)} (implementation {impl.spec} "
+                            "does not expose it)")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Each failure of a test of the implementation under test gets its severity
+    (:mod:`.verdicts`), its clause and, where the implementation was called in this process,
+    a reproducer (:mod:`.repro`), as user properties the report reads."""
+    report = yield
+    if not report.failed or "impl" not in getattr(item, "fixturenames", ()):
+        return report
+    if call.excinfo is not None:
+        severity, why = severity_of(call.excinfo.value)
+    else:
+        severity, why = severity_of_text(str(report.longrepr))
+    if severity == "defect" and why == "memory unsafety" and torch.cuda.is_available():
+        _LOST_CONTEXT.append(item.nodeid)
+    clause = item.get_closest_marker("clause")
+    report.user_properties.append(("severity", {"severity": severity, "why": why}))
+    if clause:
+        report.user_properties.append(("clause", clause.args[0]))
+    calls = repro.calls()
+    if calls:
+        text = str(call.excinfo.value) if call.excinfo is not None else str(report.longrepr)
+        report.user_properties.append(("repro", {
+            "script": repro.render(calls, os.environ.get(ENV_VAR, DEFAULT_SPEC), text,
+                                   item.nodeid),
+            "size": repro.size(calls)}))
+    return report
 
 
 @pytest.hookimpl(wrapper=True)
@@ -174,11 +230,23 @@ def pytest_runtest_call(item):
         return (yield)
     except MissingFunction as e:
         pytest.skip(str(e))
+    except Unsupported as e:
+        pytest.skip(f"{NOT_APPLICABLE}{e.what}")
     except PoolError as e:
         why = {missing_function_message(tb) for tb in e.tracebacks.values()}
         if e.tracebacks and not e.silent and len(why) == 1 and None not in why:
             pytest.skip(why.pop())
+        unsupported = {unsupported_message(tb) for tb in e.tracebacks.values()}
+        if e.tracebacks and not e.silent and len(unsupported) == 1 and None not in unsupported:
+            pytest.skip(f"{NOT_APPLICABLE}{unsupported.pop()}")
         raise
+
+
+def unsupported_message(text: str) -> str | None:
+    """The message of an :class:`~.surfaces.Unsupported` that ended a rank's traceback."""
+    tag = f"{Unsupported.__module__}.{Unsupported.__qualname__}: "
+    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
+    return lines[-1].split(tag, 1)[1] if lines and tag in lines[-1] else None
 
 
 @pytest.fixture(scope="session")

@@ -25,6 +25,8 @@ Records. ``PREFIX.collection.json`` (written once, by the controller or xdist wo
 the selected node ids with their tiers and every dropped test with the reason.
 ``PREFIX.results.jsonl`` (written by the controller as tests finish, one JSON object a line) holds
 per test: outcome (passed / failed / error / skipped / xfailed / xpassed), tiers, markers,
+its clause, a failure's severity and reproducer (the plugin's ``severity`` and ``repro`` user
+properties),
 duration, ``t`` (seconds from the session's start when its record was written; the start line
 carries when it started), ``worker`` (the xdist worker that ran it), skip reason or a short
 failure text, and every ``merge_report`` user property (the
@@ -218,6 +220,10 @@ class _Recorder:
                 rec["markers"] = list(v)
             elif k == "dcp_clause":
                 rec["clause"] = v
+            elif k == "severity":  # the plugin's verdict on a failure (.verdicts)
+                rec["severity"] = v
+            elif k == "repro":     # a failure as a few lines of Python (.repro)
+                rec["repro"] = v
         merges = [v for k, v in props if k == "merge_report"]
         if merges:
             rec["merge_reports"] = merges  # cumulative on the item: the last phase has all
@@ -238,6 +244,8 @@ class _Recorder:
             rec["phase"] = "crash"
             rec["text"] = _text(report)[-_MAX_TEXT:]
             rec["message"] = _crash_message(report)
+            rec["severity"] = {"severity": "defect", "why": "memory unsafety (the worker "
+                                                            "process died)"}
             self._emit(self.pending.pop(report.nodeid))
             return
         if report.when == "teardown":

@@ -8,6 +8,7 @@ import math
 from pathlib import Path
 
 from .validate import as_plain
+from .verdicts import SEVERITIES
 
 STATUS_MARK = {"passed": "PASS", "failed": "FAIL", "skipped": "SKIP", "no tests": "EMPTY",
                "not run": "--"}
@@ -100,26 +101,34 @@ def summary_table(report: dict) -> str:
     out = [implementation_line(report), head, ""] + lines
     if notes:
         out += [""] + notes
+    contract = report.get("contract") or []
+    if any(r["judged"] or r["not_applicable"] or r["outside"] for r in contract):
+        out += [""] + contract_lines(report)
     fails = report.get("failures", [])
     by_clause = failures_by_clause(fails)
     if by_clause:
         out += ["", "failures by contract clause: " + ", ".join(
             f"{c} {len(fs)}" for c, fs in by_clause.items())]
     if fails:
-        out += ["", f"failures ({len(fails)}), grouped by their first error line:"]
-        groups: dict[str, list] = {}
+        out += ["", f"failures ({len(fails)}), worst first (defects, precision, limitations, "
+                    "conventions), grouped by their first error line:"]
+        groups: dict[tuple, list] = {}
         for f in fails:
             line = (f.get("message") or "").strip().splitlines()[:1]
             line = line[0][:160] if line else _first_error_line(f.get("text", ""))
-            groups.setdefault(line, []).append(f)
-        for k, (line, fs) in enumerate(sorted(groups.items(), key=lambda kv: -len(kv[1]))):
-            if k == 6:
-                out.append(f"  ... {len(groups) - 6} more kinds (see validation.md)")
+            groups.setdefault((f.get("severity") or "defect", line), []).append(f)
+        order = {s: i for i, s in enumerate(SEVERITIES)}
+        ranked = sorted(groups.items(), key=lambda kv: (order.get(kv[0][0], 0), -len(kv[1])))
+        for k, ((sev, line), fs) in enumerate(ranked):
+            if k == 8:
+                out.append(f"  ... {len(groups) - 8} more kinds (see validation.md)")
                 break
             more = f" (+{len(fs) - 1} more like it)" if len(fs) > 1 else ""
-            out.append(f"  {fs[0]['outcome'].upper():5} {fs[0]['nodeid']}{more}")
+            why = fs[0].get("why")
+            out.append(f"  {sev.upper():10} {fs[0]['nodeid']}{more}"
+                       + (f"  [{why}]" if why and why not in (sev, "wrong result") else ""))
             if line:
-                out.append(f"        {line}")
+                out.append(f"             {line}")
     for r in report.get("runs", []):
         if r.get("problem"):
             out.append(f"\npytest session '{r['name']}': {r['problem']} (log: {r['log']})")
@@ -127,6 +136,39 @@ def summary_table(report: dict) -> str:
             f"report: {report['paths']['markdown']}  {report['paths']['json']}"
             + "".join(f"  {p}" for p in report["paths"]["png"].values())]
     return "\n".join(out)
+
+
+def contract_lines(report: dict) -> list[str]:
+    """How much of the contract was judged, clause by clause: passed, failed by severity, not
+    applicable (a surface the implementation does not expose) and outside its envelope."""
+    impl = report["implementation"]
+    rows = [("clause", "judged", "pass", "defect", "precision", "limit.", "conv.", "n/a",
+             "outside")]
+    for r in report.get("contract") or []:
+        f = r["failed"]
+        rows.append((r["clause"], str(r["judged"]), str(r["passed"]), str(f["defect"]),
+                     str(f["precision"]), str(f["limitation"]), str(f["convention"]),
+                     str(r["not_applicable"]), str(r["outside"])))
+    widths = [max(len(x[i]) for x in rows) for i in range(len(rows[0]))]
+    lines = [f"contract judged (surfaces exposed: {', '.join(impl.get('surfaces') or []) or 'none'}"
+             f"; envelope: {impl.get('envelope', 'the whole contract')}):"]
+    for k, x in enumerate(rows):
+        lines.append("  " + "  ".join([x[0].ljust(widths[0])]
+                                      + [c.rjust(w) for c, w in zip(x[1:], widths[1:])]))
+    judged = [r["clause"] for r in report.get("contract") or [] if r["judged"]]
+    idle = [r for r in report.get("contract") or [] if not r["judged"]]
+    for r in idle:
+        if r["not_applicable"]:
+            lines.append(f"  {r['clause']}: not applicable ({'; '.join(r['not_applicable_why'])})")
+        elif r["outside"]:
+            lines.append(f"  {r['clause']}: every case outside the envelope")
+    limits = sorted({w for r in report.get("contract") or [] for w in r["outside_why"]})
+    if limits:
+        lines.append("  outside the envelope, not judged: " + "; ".join(limits[:6])
+                     + (f" (+{len(limits) - 6} more)" if len(limits) > 6 else ""))
+    total = len(report.get("contract") or [])
+    lines.append(f"  {len(judged)} of {total} clauses judged")
+    return lines
 
 
 def verdict_mark(report: dict) -> str:
@@ -386,6 +428,13 @@ def write_markdown(report: dict, path: Path) -> None:
               f"N={f['world_size']})" for dt, f in failing[:30]] or ["- none"]
         if len(failing) > 30:
             L.append(f"- ... {len(failing) - 30} more (validation.json: dtypes.*.upstream_failing)")
+    if report.get("contract"):
+        L += ["", "## The contract, clause by clause", "", "```"] + contract_lines(report) + [
+            "```", "",
+            "judged = passed + failed. n/a: not applicable, the implementation does not expose "
+            "the surface the clause needs (never a failure, never a pass). outside: cases "
+            "outside the envelope the implementation declares (what it refuses loudly); "
+            "the envelope clause checks once that it does refuse there."]
     fails = report.get("failures", [])
     by_clause = failures_by_clause(fails)
     if by_clause:
@@ -398,11 +447,16 @@ def write_markdown(report: dict, path: Path) -> None:
             L.append(f"| {c} | {len(fs)} | {CLAUSES.get(c, '-')} | `{fs[0]['nodeid']}` |")
     if fails:
         L += ["", f"## Failures ({len(fails)})", ""]
+        L.append("Worst first: defects, then weaker precision, limitations, conventions.")
+        L.append("")
         for f in fails[:50]:
-            L += [f"### {f['outcome']}: `{f['nodeid']}`", "",
+            sev = f.get("severity") or "defect"
+            L += [f"### {sev} ({f.get('why') or f['outcome']}): `{f['nodeid']}`", "",
                   f"{(f.get('message') or '').splitlines()[0] if f.get('message') else ''}",
                   "", "```",
                   (f.get("text") or "").strip()[-3000:], "```", ""]
+            if (f.get("repro") or {}).get("script"):
+                L += ["Reproducer:", "", "```python", f["repro"]["script"].rstrip(), "```", ""]
     for key, title in (("xfail_reasons", "Expected failures (xfail, strict)"),
                        ("skip_reasons", "Skip reasons")):
         reasons: dict[str, int] = {}

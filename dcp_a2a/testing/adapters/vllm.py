@@ -45,7 +45,38 @@ def _find():
                       + "; ".join(tried))
 
 
-OPS = _find()
+class _Adapter:
+    """The contract over one loaded copy of vLLM's ops."""
+
+    def __init__(self, ops):
+        self.OPS = ops
+
+    def lse_pack_dim(self, dtype):
+        return self.OPS._dcp_a2a_lse_pack_dim(dtype)
+
+    def pack_send(self, out, lse, send, world_size, h_per_rank, head_dim, lse_pack_dim,
+                  seq_lens=None, query_start_loc=None):
+        return self.OPS._dcp_a2a_pack_send(out, lse, send, world_size, h_per_rank, head_dim,
+                                           lse_pack_dim, seq_lens=seq_lens,
+                                           query_start_loc=query_start_loc)
+
+    def unpack_combine(self, recv, head_dim, lse_pack_dim, return_lse, is_lse_base_on_e):
+        return self.OPS._dcp_a2a_unpack_combine(recv, head_dim, lse_pack_dim, return_lse,
+                                                is_lse_base_on_e)
+
+    def lse_reduce(self, out, lse, group, *, return_lse=False, is_lse_base_on_e=True,
+                   seq_lens=None, query_start_loc=None):
+        return self.OPS.dcp_a2a_lse_reduce(out, lse, _Coordinator(group), ctx=None,
+                                           return_lse=return_lse,
+                                           is_lse_base_on_e=is_lse_base_on_e,
+                                           seq_lens=seq_lens, query_start_loc=query_start_loc)
+
+
+def adapter(variant=None, source=None):
+    """The implementation object of ``--impl vllm``."""
+    if variant is not None or source is not None:
+        raise ValueError("this vLLM adapter takes no variant or release path yet")
+    return _Adapter(_find())
 
 
 class _Coordinator:
@@ -65,24 +96,3 @@ class _Coordinator:
                              f"contract's group (world_size, rank_in_group, device_group)")
 
 
-def lse_pack_dim(dtype):
-    return OPS._dcp_a2a_lse_pack_dim(dtype)
-
-
-def pack_send(out, lse, send, world_size, h_per_rank, head_dim, lse_pack_dim,
-              seq_lens=None, query_start_loc=None):
-    return OPS._dcp_a2a_pack_send(out, lse, send, world_size, h_per_rank, head_dim,
-                                  lse_pack_dim, seq_lens=seq_lens,
-                                  query_start_loc=query_start_loc)
-
-
-def unpack_combine(recv, head_dim, lse_pack_dim, return_lse, is_lse_base_on_e):
-    return OPS._dcp_a2a_unpack_combine(recv, head_dim, lse_pack_dim, return_lse,
-                                       is_lse_base_on_e)
-
-
-def lse_reduce(out, lse, group, *, return_lse=False, is_lse_base_on_e=True, seq_lens=None,
-               query_start_loc=None):
-    return OPS.dcp_a2a_lse_reduce(out, lse, _Coordinator(group), ctx=None,
-                                  return_lse=return_lse, is_lse_base_on_e=is_lse_base_on_e,
-                                  seq_lens=seq_lens, query_start_loc=query_start_loc)

@@ -1,0 +1,171 @@
+"""How bad a failure is: every failing conformance test gets a severity, so that a verdict on an
+engine leads with what matters.
+
+========== ==============================================================================
+severity   what it means
+========== ==============================================================================
+defect     wrong numbers inside the envelope, memory unsafety (a crash, an illegal access),
+           garbage accepted, the caller's tensors changed, a hang
+precision  right numbers, less precisely than the derived bound: the measured factor over
+           the bound and the formulation whose own bound the errors stay within
+limitation valid input inside the declared envelope refused loudly (an exception): the
+           envelope is narrower than the adapter says
+convention a difference of convention: the error type or wording of a refusal, what a
+           NaN/+inf LSE or a group of one gives
+========== ==============================================================================
+
+A test raises :class:`Convention` or :class:`Precision` (both AssertionErrors) where its failure is
+of that kind; any other assertion is a defect; an exception the implementation raised from a call
+the test expected to succeed is a limitation (the implementation's calls are tagged by
+``dcp_a2a.testing.impl``), except a lost GPU context, which is memory unsafety.
+"""
+
+from __future__ import annotations
+
+SEVERITIES = ("defect", "precision", "limitation", "convention")
+ORDER = {s: i for i, s in enumerate(SEVERITIES)}
+IMPL_RAISED = "_dcp_a2a_raised_by_implementation"
+
+# a CUDA error that poisons the context: memory unsafety in the code that ran before it
+_MEMORY_UNSAFE = ("illegal memory access", "misaligned address", "unspecified launch failure",
+                  "illegal instruction", "out of bounds")
+
+
+class Convention(AssertionError):
+    """A difference of convention, not of results: the error type or wording of a refusal, a
+    NaN/+inf LSE's meaning, what a group of one returns."""
+
+    severity = "convention"
+
+
+class Precision(AssertionError):
+    """The right numbers, less precisely than the derived bound allows (the message gives the
+    factor over the bound and the formulation within whose bound the errors stay)."""
+
+    severity = "precision"
+
+
+def memory_unsafe(text: str) -> bool:
+    low = text.lower()
+    return any(s in low for s in _MEMORY_UNSAFE) or "segmentation fault" in low \
+        or "signal 11" in low or "sigsegv" in low
+
+
+def severity_of(exc: BaseException) -> tuple[str, str]:
+    """(severity, why) of the exception a failing test raised."""
+    if isinstance(exc, (Convention, Precision)):
+        return exc.severity, type(exc).__name__.lower()
+    text = f"{type(exc).__name__}: {exc}"
+    if memory_unsafe(text):
+        return "defect", "memory unsafety"
+    if getattr(exc, IMPL_RAISED, False) and not isinstance(exc, AssertionError):
+        return "limitation", f"valid input refused ({type(exc).__name__})"
+    pool_tracebacks = getattr(exc, "tracebacks", None)
+    if isinstance(pool_tracebacks, dict) and pool_tracebacks:
+        return severity_of_tracebacks(list(pool_tracebacks.values()))
+    if isinstance(exc, AssertionError):
+        return "defect", "wrong result"
+    return "defect", f"unexpected {type(exc).__name__}"
+
+
+def severity_of_tracebacks(texts: list[str]) -> tuple[str, str]:
+    """The severity of the worst of several ranks' formatted tracebacks (a pool of ranks)."""
+    found = []
+    for t in texts:
+        last = [ln for ln in t.strip().splitlines() if ln.strip()][-1:] or [""]
+        line = last[0]
+        if memory_unsafe(t):
+            found.append(("defect", "memory unsafety"))
+        elif f"{Convention.__module__}.Convention" in line or line.startswith("Convention"):
+            found.append(("convention", "convention"))
+        elif f"{Precision.__module__}.Precision" in line or line.startswith("Precision"):
+            found.append(("precision", "precision"))
+        elif "AssertionError" in line:
+            found.append(("defect", "wrong result"))
+        else:
+            found.append(("defect", f"unexpected {line.split(':', 1)[0].strip() or 'error'}"))
+    return min(found, key=lambda f: ORDER[f[0]]) if found else ("defect", "rank failure")
+
+
+def severity_of_text(text: str) -> tuple[str, str]:
+    """The severity of a failure known only as text (a crashed or hung run's record)."""
+    if memory_unsafe(text) or "process died" in text or "crashed" in text:
+        return "defect", "memory unsafety"
+    if "hang" in text or "no test reported" in text or "Timeout" in text:
+        return "defect", "hang"
+    return "defect", "failure"
+
+
+def record_severity(rec: dict) -> tuple[str, str]:
+    """(severity, why) of a failed record of the recorder (the plugin's, else read off its
+    text: a crashed or hung test has no verdict of the plugin)."""
+    sev = rec.get("severity")
+    if isinstance(sev, dict) and sev.get("severity") in ORDER:
+        return sev["severity"], sev.get("why", "")
+    return severity_of_text(" ".join(str(rec.get(k, "")) for k in ("message", "text")))
+
+
+def by_severity(failures: list[dict]) -> list[dict]:
+    """Failed records, worst first (defects, precision, limitations, conventions), each with
+    its ``severity`` and ``why`` filled in; the recorder's order within a severity."""
+    out = []
+    for f in failures:
+        sev, why = record_severity(f)
+        out.append(f | {"severity": sev, "why": why})
+    return sorted(out, key=lambda f: ORDER[f["severity"]])
+
+
+def clause_table(records: list[dict], clauses) -> list[dict]:
+    """How much of each clause was judged, from the recorder's records of conformance tests:
+    per clause ``passed``, ``failed`` (per severity), ``not_applicable`` (with the surfaces
+    missing), ``outside`` (outside the envelope, with the limits), ``skipped`` (any other
+    reason) and ``judged`` (passed + failed). Clauses no test ran are listed with zeros."""
+    from .surfaces import NOT_APPLICABLE, OUTSIDE
+
+    rows = {c: {"clause": c, "passed": 0, "failed": {s: 0 for s in SEVERITIES},
+                "not_applicable": 0, "not_applicable_why": [], "outside": 0,
+                "outside_why": [], "skipped": 0, "judged": 0} for c in clauses}
+    for rec in records:
+        c = rec.get("clause")
+        if not c:
+            continue
+        row = rows.setdefault(c, {"clause": c, "passed": 0, "failed": {s: 0 for s in SEVERITIES},
+                                  "not_applicable": 0, "not_applicable_why": [], "outside": 0,
+                                  "outside_why": [], "skipped": 0, "judged": 0})
+        outcome = rec.get("outcome")
+        text = str(rec.get("text") or "")
+        if outcome in ("passed", "xpassed", "xfailed"):
+            row["passed"] += 1
+        elif outcome in ("failed", "error"):
+            row["failed"][record_severity(rec)[0]] += 1
+        elif outcome == "skipped" and text.startswith(NOT_APPLICABLE):
+            row["not_applicable"] += 1
+            why = text[len(NOT_APPLICABLE):].split(" (implementation")[0]
+            if why not in row["not_applicable_why"]:
+                row["not_applicable_why"].append(why)
+        elif outcome == "skipped" and text.startswith(OUTSIDE):
+            row["outside"] += 1
+            why = text[len(OUTSIDE):]
+            if why not in row["outside_why"]:
+                row["outside_why"].append(why)
+        elif outcome == "skipped":
+            row["skipped"] += 1
+    for row in rows.values():
+        row["judged"] = row["passed"] + sum(row["failed"].values())
+    return list(rows.values())
+
+
+def clause_status(row: dict) -> str:
+    """One word for a clause: "failed", "passed", "not applicable" (nothing judged, every
+    test not applicable), "outside envelope", "skipped" or "not run"."""
+    if sum(row["failed"].values()):
+        return "failed"
+    if row["passed"]:
+        return "passed"
+    if row["not_applicable"]:
+        return "not applicable"
+    if row["outside"]:
+        return "outside envelope"
+    if row["skipped"]:
+        return "skipped"
+    return "not run"
