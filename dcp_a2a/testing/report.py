@@ -7,7 +7,7 @@ import json
 import math
 from pathlib import Path
 
-from .validate import as_plain
+from .tally import as_plain
 from .verdicts import SEVERITIES
 
 STATUS_MARK = {"passed": "PASS", "failed": "FAIL", "skipped": "SKIP", "no tests": "EMPTY",

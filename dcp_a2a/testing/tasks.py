@@ -189,8 +189,9 @@ def all_reduce_sum(ctx, n: int, value: float) -> float:
 
 
 def warmup_calls(ctx, n: int, warmup_ms: float, ms_per_call: float) -> int:
-    """The collective benchmark's warm-up count on this rank (``bench.agreed_warmup_calls``)."""
-    from .bench import agreed_warmup_calls
+    """The collective benchmark's warm-up count on this rank
+    (``bench_collective.agreed_warmup_calls``)."""
+    from .bench_collective import agreed_warmup_calls
 
     return agreed_warmup_calls(ms_per_call, warmup_ms, ctx.device, ctx.process_group(n))
 
@@ -247,7 +248,7 @@ def as_torchrun_rank(ctx, store_port: int, module: str, argv: list) -> int:
 
 # --------------------------------------------------------------------------- accuracy job
 def accuracy_job(ctx, n: int, argv: list):
-    """Run ``python -m dcp_a2a.testing.accuracy`` in-process on the pool's ``n``-rank group."""
+    """Run the accuracy job (``dcp-a2a accuracy``) in-process on the pool's ``n``-rank group."""
     from dcp_a2a.testing import accuracy
 
     args = accuracy.parse_args(argv)

@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from dcp_a2a.testing import cli
+from dcp_a2a.testing import cli, validate
 
 from ._fake_suite import write_suite
 
@@ -46,7 +46,7 @@ def _tier(report, name):
 def _failure_gives_nonzero_exit_and_is_listed(failing_run):
     code, rep, _ = failing_run
     assert rep["command"][:3] == ["dcp-a2a", "validate", "--suite"]  # this call's arguments
-    assert code == cli.EXIT_FAILED and rep["ok"] is False
+    assert code == validate.EXIT_FAILED and rep["ok"] is False
     assert [f["nodeid"] for f in rep["failures"]] == ["tests/kernel/test_kfail.py::test_too_far"]
     assert "over the bound" in rep["failures"][0]["text"]
     assert rep["failures"][0]["message"].startswith("AssertionError: merge check")
@@ -155,7 +155,7 @@ def test_quick_subset_and_passing_exit(tmp_path, capsys):
     assert lines[0] == f"implementation under test: dcp_a2a ({dcp_a2a.__file__})"
     assert f"on {devices}" in lines[1] and "xfail" in lines[3]
     assert "| unit | passed | 3 | 3 | 0 | 0 | 0 | 0 | 3 |" in (out / "validation.md").read_text()
-    assert code == cli.EXIT_OK and rep["ok"]
+    assert code == validate.EXIT_OK and rep["ok"]
     unit = _tier(rep, "unit")
     # first parametrisation only, slow dropped: test_pass, test_param[1], test_both_tiers
     assert (unit["cases"], unit["left_out"]) == (3, 3)
@@ -175,7 +175,7 @@ def test_quick_keeps_every_contract_case(tmp_path):
     assert {f"tests/unit/test_contract.py::test_contract_case[{c}]" for c in (1, 2, 3)} <= ids
     assert "tests/unit/test_u.py::test_param[2]" not in ids
     assert (_tier(rep, "unit")["cases"], _tier(rep, "unit")["left_out"]) == (6, 3)
-    assert code == cli.EXIT_OK
+    assert code == validate.EXIT_OK
 
 
 @pytest.mark.parametrize("args, nothing", [
@@ -188,7 +188,7 @@ def test_nothing_validated_is_not_a_pass(tmp_path, capsys, args, nothing):
     (pytest's "no tests ran"), the total EMPTY, and the report says what was not validated."""
     code, rep, out = _validate(tmp_path, "--quick", "--no-plots", *args, failing=False)
     summary = capsys.readouterr().out
-    assert code == cli.EXIT_NOTHING_VALIDATED and not rep["ok"], summary
+    assert code == validate.EXIT_NOTHING_VALIDATED and not rep["ok"], summary
     assert rep["nothing_validated"] == nothing and rep["exit_status"] == 5
     total = next(ln for ln in summary.splitlines() if ln.startswith("total"))
     assert total.split()[1] == "EMPTY", total
@@ -214,7 +214,7 @@ def test_validate_runs_this_repository_suite(tmp_path):
                      "dcp_a2a/testing/conformance/test_args.py", "-k", "test_lse_pack_dim"])
     rep = json.loads((out / "validation.json").read_text())
     unit = _tier(rep, "unit")
-    assert code == cli.EXIT_OK, rep["runs"]
+    assert code == validate.EXIT_OK, rep["runs"]
     assert unit["status"] == "passed" and unit["passed"] >= 3
     assert all(r["problem"] is None for r in rep["runs"])
 
@@ -300,7 +300,7 @@ def test_ctrl_c_writes_a_partial_report_that_is_not_a_pass(tmp_path):
         time.sleep(0.2)
     proc.send_signal(signal.SIGINT)
     stdout, stderr = proc.communicate(timeout=120)
-    assert proc.returncode == cli.EXIT_INTERRUPTED == 130, stdout[-2000:] + stderr[-2000:]
+    assert proc.returncode == validate.EXIT_INTERRUPTED == 130, stdout[-2000:] + stderr[-2000:]
     rep = json.loads((out / "validation.json").read_text())
     assert rep["interrupted"] and not rep["ok"] and rep["exit_status"] == 130
     assert "interrupted: writing a partial report" in stderr

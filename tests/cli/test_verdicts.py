@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from dcp_a2a.testing import validate
+
 pytestmark = pytest.mark.unit
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -63,26 +65,31 @@ def test_an_unusable_implementation_is_one_usage_error(tmp_path, monkeypatch, ca
         monkeypatch.setenv(k, v)
     code = cli.main(["validate", *args, "--quick", "--out", str(tmp_path)])
     err = capsys.readouterr().err
-    assert code == cli.EXIT_USAGE and says in err and len(err.strip().splitlines()) == 1, err
+    assert code == validate.EXIT_USAGE and says in err and len(err.strip().splitlines()) == 1, err
     assert not (tmp_path / "validation.json").exists()
 
 
-@pytest.mark.parametrize("where", ["missing_parent", "a_file"])
+@pytest.mark.parametrize("where", ["missing_parent", "a_file", "empty"])
 def test_an_unusable_out_directory_is_one_usage_error(tmp_path, monkeypatch, capsys, where):
-    """``--out`` under a directory that does not exist (or that cannot be written) ended
-    validate in a FileNotFoundError traceback, exit 1; a file as --out likewise. Now one usage
-    line, exit 2, before any pytest session (the check is ``validate.out_dir_problem``, which
-    gpu-check uses too)."""
+    """``--out`` under a directory that cannot be created (or written) ended validate in a
+    FileNotFoundError traceback, exit 1; a file as --out likewise; an empty --out wrote the
+    report files into the working directory. Now one usage line, exit 2, before any pytest
+    session (the rule of every program's output directory: :mod:`dcp_a2a.testing.args`)."""
     from dcp_a2a.testing import cli
 
     (tmp_path / "f").write_text("")
-    out = {"missing_parent": "/proc/nope/report", "a_file": str(tmp_path / "f")}[where]
+    monkeypatch.chdir(tmp_path)
+    out = {"missing_parent": "/proc/nope/report", "a_file": str(tmp_path / "f"),
+           "empty": ""}[where]
     monkeypatch.delenv("DCP_A2A_IMPL", raising=False)
-    code = cli.main(["validate", "--quick", "--out", out])
+    with pytest.raises(SystemExit) as e:
+        cli.main(["validate", "--quick", "--out", out])
     err = capsys.readouterr().err
-    assert code == cli.EXIT_USAGE and len(err.strip().splitlines()) == 1, err
-    assert err.startswith(f"dcp-a2a validate: --out {out}: "), err
-    assert ("cannot be created" if where == "missing_parent" else "is not a directory") in err
+    assert e.value.code == validate.EXIT_USAGE and len(err.strip().splitlines()) == 1, err
+    assert err.startswith(f"dcp-a2a validate: error: argument --out: {out or repr(out)}: "), err
+    assert {"missing_parent": "cannot be created", "a_file": "is not a directory",
+            "empty": "is empty"}[where] in err
+    assert not (tmp_path / "validation.json").exists() and not (tmp_path / "raw").exists()
 
 
 def test_the_numerics_report_refuses_a_partial_implementation(tmp_path, capsys):
@@ -122,7 +129,7 @@ def test_an_implementation_that_exits_at_import_is_one_usage_error(tmp_path, mon
     monkeypatch.delenv("DCP_A2A_IMPL", raising=False)
     code = cli.main(["validate", "--impl", str(impl), "--quick", "--out", str(tmp_path / "o")])
     err = capsys.readouterr().err
-    assert code == cli.EXIT_USAGE, err
+    assert code == validate.EXIT_USAGE, err
     assert f"'exits_{kind}' exited while it was imported" in err, err
     assert not (tmp_path / "o" / "validation.json").exists()
 
@@ -190,37 +197,44 @@ def test_a_partial_foreign_implementation_skips_what_it_lacks_and_reports_only_i
            f"`{tmp_path / 'partial_impl.py'}`; lacks lse_reduce" in md
 
 
-def test_evals_that_cannot_run_exit_3_with_the_true_reason(tmp_path):
+def test_evals_that_cannot_run_exit_3_at_once_naming_everything_missing(tmp_path):
     """--evals asks for the model-level jobs: without a prepared model (an empty model cache)
-    they cannot run, which is exit status 3 with the reason, never a PASS."""
+    and without the GSM8K data they cannot run. Its plan knew before anything ran, yet every
+    tier ran first (~3.5 min) and the run ended in exit 3 with "total FAIL" over passing tiers;
+    now exit 3 at once, naming each missing thing, nothing run and no report written."""
     out = tmp_path / "report"
-    proc = _run(["validate", "--evals", "--tiers", "unit", "--gsm8k-dir", "/nonexistent",
-                 "--no-plots", "--no-progress", "-j", "0", "--out", str(out), "--",
-                 "dcp_a2a/testing/conformance/test_args.py", "-k", "test_lse_pack_dim"],
+    empty = tmp_path / "gsm8k"
+    empty.mkdir()
+    t0 = time.monotonic()
+    proc = _run(["validate", "--evals", "--tiers", "unit", "--gsm8k-dir", str(empty),
+                 "--no-plots", "--no-progress", "-j", "0", "--out", str(out)],
                 env={"DCP_A2A_MODEL_CACHE": str(tmp_path / "no-models"), "HOME": str(tmp_path)})
     assert proc.returncode == 3, proc.stdout[-3000:] + proc.stderr[-2000:]
-    rep = json.loads((out / "validation.json").read_text())
-    assert rep["requested_not_run"] == ["evals:logit_parity", "evals:gsm8k"]
-    for e in rep["evals"]:
-        # the first thing missing: a model (none in the empty cache, unless a model wheel is
-        # installed in this environment), else the data, else a module
-        assert e["status"] == "not run" and e["reason"].startswith(
-            ("no eval model is prepared", "GSM8K data not found at /nonexistent")) or \
-            "not installed" in e["reason"], e
-    assert "asked for but cannot run here: evals:logit_parity, evals:gsm8k" in proc.stdout
-    for e in rep["evals"]:  # each with its reason, under that line
-        assert f"  evals:{e['name']}: {e['reason']}" in proc.stdout
-    # the arguments after "--" went to pytest, without the "--"
-    assert rep["options"]["pytest_args"] == ["dcp_a2a/testing/conformance/test_args.py", "-k",
-                                             "test_lse_pack_dim"]
-    assert "PASS" not in proc.stdout.splitlines()[-1]
+    assert time.monotonic() - t0 < 60
+    assert "asked for but cannot run here: evals:logit_parity, evals:gsm8k (exit status 3; " \
+           "nothing was run)" in proc.stdout
+    for job in ("logit_parity", "gsm8k"):
+        (line,) = [ln for ln in proc.stdout.splitlines() if ln.startswith(f"  evals:{job}: ")]
+        # every missing thing: the data and a model (none in the empty cache, unless a model
+        # wheel is installed in this environment), or the modules (an install without them)
+        assert (f"GSM8K data not found at {empty}" in line or "not installed" in line), line
+    assert "PASS" not in proc.stdout and "FAIL" not in proc.stdout
+    assert not out.exists() or not list(out.iterdir())  # no tier ran, no report
+
+
+def test_a_missing_gsm8k_dir_is_a_usage_error():
+    """A --gsm8k-dir that does not exist went unmentioned (the plan named the model first)."""
+    proc = _run(["validate", "--evals", "--gsm8k-dir", "/nonexistent"])
+    assert proc.returncode == 2
+    assert proc.stderr.splitlines() == ["dcp-a2a validate: error: argument --gsm8k-dir: "
+                                        "/nonexistent: no such directory (see dcp-a2a validate "
+                                        "--help)"], proc.stderr
 
 
 def test_asking_for_the_e2e_tier_asks_for_the_evals(tmp_path, monkeypatch):
     """``--tiers e2e`` without ``--evals`` plans the model-level jobs as ``--evals`` does (the
     run of the exit-3 test above, in this form, is the same): the plan is checked in process."""
-    from dcp_a2a.testing import cli
-    from dcp_a2a.testing import validate as val
+    from dcp_a2a.testing import cli, tiers
 
     asked = []
 
@@ -228,7 +242,7 @@ def test_asking_for_the_e2e_tier_asks_for_the_evals(tmp_path, monkeypatch):
         asked.append((requested, evals))
         raise KeyboardInterrupt  # stop before anything runs
 
-    monkeypatch.setattr(val, "plan_tiers", plan_tiers)
+    monkeypatch.setattr(tiers, "plan_tiers", plan_tiers)
     with pytest.raises(KeyboardInterrupt):
         cli.main(["validate", "--tiers", "unit,e2e", "--out", str(tmp_path)])
     assert asked == [(["unit", "e2e"], True)]
@@ -258,7 +272,8 @@ def test_accuracy_refuses_an_unwritable_out_before_the_first_case(tmp_path):
     proc = _run(["--out", "/proc/nope/x.json", "--shapes", "1x4x8", "--dtype", "float16"],
                 module="dcp_a2a.testing.accuracy")
     assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
-    assert "--out /proc/nope/x.json: directory /proc/nope does not exist" in proc.stderr
+    assert "argument --out: /proc/nope/x.json: its directory /proc/nope cannot be created" in \
+        proc.stderr
     assert "cases" not in proc.stdout and time.monotonic() - t0 < 60
 
 
@@ -323,9 +338,8 @@ def test_validate_offers_the_gsm8k_drivers_backends():
     """--gsm8k-backends is checked against the driver's own list (kept in step here, because
     the driver's module imports lm-eval and the check runs before anything heavy)."""
     gsm8k = pytest.importorskip("dcp_a2a.evals.gsm8k")
-    from dcp_a2a.testing import cli
 
-    assert cli.eval_backends() == tuple(gsm8k.BACKENDS)
+    assert validate.eval_backends() == tuple(gsm8k.BACKENDS)
 
 
 ADAPTER = "from dcp_a2a.reference.contract import lse_pack_dim, pack_send, unpack_combine, " \

@@ -26,21 +26,54 @@ def _run(module, *argv, cwd, env=None, timeout=120):
 
 
 # Each case ran on before: --dcp-size 0 silently as N = 3, --limit -3 into lm-eval after the
-# model load, --backends packed,packed twice. Here they would reach the model check (an
-# unprepared model in an empty cache: a different one-line error), never the model itself.
+# model load, --backends packed,packed twice; --out '' wrote into the working directory,
+# --gsm8k-dir '' read the default directory, float32,fp32 compared one dtype twice, a huge
+# --dcp-size, --context or --max-gen-toks ran until memory ran out, --threads -1 reached torch.
+# Here they would reach the model check (an unprepared model in an empty cache: a different
+# one-line error), never the model itself. The rules are dcp_a2a.testing.args', as every
+# dcp-a2a program's.
 BAD = [
-    ("gsm8k", ["--dcp-size", "0"], "argument --dcp-size: expected a whole number >= 1, got '0'"),
-    ("gsm8k", ["--limit", "-3"], "argument --limit: expected a whole number >= 1, got '-3'"),
+    ("gsm8k", ["--dcp-size", "0"], "argument --dcp-size: expected a whole number from 1 to 1024, "
+                                   "got '0'"),
+    ("gsm8k", ["--dcp-size", "1000000000"], "argument --dcp-size: expected a whole number from 1 "
+                                            "to 1024"),
+    ("gsm8k", ["--limit", "-3"], "argument --limit: expected a whole number from 1 to 1319, "
+                                 "got '-3'"),
+    ("gsm8k", ["--max-gen-toks", "1000000000000"], "argument --max-gen-toks: expected a whole "
+                                                   "number from 1 to 32768"),
     ("gsm8k", ["--backends", "packed,packed"], "argument --backends: backend packed given twice"),
     ("gsm8k", ["--device", "cuda:7"], "argument --device: cuda:7: "),
-    ("logit_parity", ["--dcp-size", "0"], "argument --dcp-size: expected a whole number >= 1"),
+    ("gsm8k", ["--gsm8k-dir", ""], "argument --gsm8k-dir: is empty (name a directory)"),
+    ("gsm8k", ["--gsm8k-dir", "/nonexistent"], "argument --gsm8k-dir: /nonexistent: no such "
+                                               "directory"),
+    ("logit_parity", ["--dcp-size", "0"], "argument --dcp-size: expected a whole number from 1"),
     ("logit_parity", ["--backends", "packed,nccl"],
-     "argument --backends: unknown backend 'nccl'; expected some of packed, two_collective"),
+     "argument --backends: unknown backend 'nccl'; expected a comma list of packed, "
+     "two_collective"),
     ("logit_parity", ["--dtypes", "float32,fp8"], "argument --dtypes: unknown dtype 'fp8'"),
+    ("logit_parity", ["--dtypes", "float32,fp32"], "argument --dtypes: dtypes float32 and fp32 "
+                                                   "are the same dtype"),
+    ("logit_parity", ["--limit", "1000000000000"], "argument --limit: expected a whole number "
+                                                   "from 1 to 1319"),
+    ("bench_step", ["--context", "1000000000000"], "argument --context: expected a whole number "
+                                                   "from 1 to 32768"),
+    ("bench_step", ["--threads", "-1"], "argument --threads: expected a whole number from 0 to "
+                                        "1024, got '-1'"),
     # an --out that cannot be created failed only when the results were written, after the run
-    ("gsm8k", ["--out", "/proc/nope/o"], "argument --out: /proc/nope/o cannot be created"),
-    ("logit_parity", ["--out", "/proc/nope/o"], "argument --out: /proc/nope/o cannot be created"),
-    ("bench_step", ["--out", "/proc/nope/o"], "argument --out: /proc/nope/o cannot be created"),
+    ("gsm8k", ["--out", "/proc/nope/o"], "argument --out: /proc/nope/o: cannot be created"),
+    ("logit_parity", ["--out", "/proc/nope/o"], "argument --out: /proc/nope/o: cannot be created"),
+    ("bench_step", ["--out", "/proc/nope/o"], "argument --out: /proc/nope/o: cannot be created"),
+    ("gsm8k", ["--out", ""], "argument --out: '': is empty"),
+    ("logit_parity", ["--out", ""], "argument --out: '': is empty"),
+    ("bench_step", ["--out", ""], "argument --out: '': is empty"),
+]
+# prepare takes no --model of the evals' drivers (it prepares one)
+PREPARE_BAD = [
+    (["--join", "/nonexistent"], "argument --join: /nonexistent: no such directory"),
+    (["--join", ""], "argument --join: is empty (name a directory)"),
+    (["--split", "/proc/nope/parts"], "argument --split: /proc/nope/parts: cannot be created"),
+    (["--cache-dir", ""], "argument --cache-dir: '': is empty"),
+    (["--part-mib", "5"], "argument --part-mib: only with --split"),
 ]
 
 
@@ -66,6 +99,20 @@ def test_a_bad_argument_is_one_usage_line_before_anything_loads(module, argv, me
             ["--model", "qwen2.5-coder-0.5b", *argv])
     captured = capsys.readouterr()
     _one_usage_line(module, exit_.value.code, captured.out, captured.err, message)
+
+
+@pytest.mark.parametrize("argv,message", PREPARE_BAD, ids=[" ".join(a) for a, _ in PREPARE_BAD])
+def test_prepare_refuses_a_bad_path_in_one_line_before_any_download(argv, message, tmp_path,
+                                                                    monkeypatch, capsys):
+    from dcp_a2a.evals import prepare
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("DCP_A2A_MODEL_CACHE", str(tmp_path / "empty"))
+    with pytest.raises(SystemExit) as exit_:
+        prepare.main(["--model", "smollm2", *argv])
+    captured = capsys.readouterr()
+    _one_usage_line("prepare", exit_.value.code, captured.out, captured.err, message)
+    assert not (tmp_path / "empty").exists()
 
 
 @pytest.mark.parametrize("module", sorted({m for m, _, _ in BAD}))

@@ -20,7 +20,7 @@ import torch
 
 import dcp_a2a
 from dcp_a2a.kernels import pack, tuning
-from dcp_a2a.testing.accuracy import GPU_SHAPES, Shape, parse_shapes, rank_partial
+from dcp_a2a.testing.accuracy_cases import GPU_SHAPES, Shape, parse_shapes, rank_partial
 from dcp_a2a.inprocess import lse_reduce_in_process
 from dcp_a2a.testing.data import bits_view
 from dcp_a2a.testing.gpumem import gpu_memory_share

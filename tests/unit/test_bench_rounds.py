@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from dcp_a2a.testing.bench import grid_table, ratio_verdict, timed_rounds, timed_verdicts
+from dcp_a2a.testing.bench_grid import grid_table
+from dcp_a2a.testing.timing import ratio_verdict, timed_rounds, timed_verdicts
 
 pytestmark = pytest.mark.unit
 
@@ -118,7 +119,7 @@ def test_grid_table_reports_each_verdict_and_lists_what_is_not_met():
 
 
 def test_grid_table_reports_the_engine_design_unpack():
-    """The unpack's engine-design baseline (issue 47) gets its columns and a summary line;
+    """The unpack's engine-design baseline gets its columns and a summary line;
     rows timed before it was in the grid still print, its columns blank."""
     def row(b, eng_us, verdict):
         r = {"B": b, "H": 128, "N": 8, "D": 512, "dtype": "bfloat16", "rounds": 3,
@@ -146,7 +147,7 @@ def test_warm_up_lasts_the_time_asked_when_the_first_replay_is_slow(monkeypatch)
     """The graph's first replay also uploads it (0.3 ms here, then 0.2 ms a replay). A warm-up
     counted from that replay ran 13.7 of the 20 ms asked. The untimed replays must add up to
     the time asked at the usual replay's pace. (Fake CUDA events on a fake clock.)"""
-    from dcp_a2a.testing import bench
+    from dcp_a2a.testing import timing
 
     clock = {"ms": 0.0, "replays": 0}
 
@@ -164,10 +165,10 @@ def test_warm_up_lasts_the_time_asked_when_the_first_replay_is_slow(monkeypatch)
         def elapsed_time(self, end):
             return end.ms - self.ms
 
-    monkeypatch.setattr(bench.torch.cuda, "Event", Event)
-    monkeypatch.setattr(bench.torch.cuda, "synchronize", lambda *a: None)
-    bench._warm_up(replay, 20.0)
+    monkeypatch.setattr(timing.torch.cuda, "Event", Event)
+    monkeypatch.setattr(timing.torch.cuda, "synchronize", lambda *a: None)
+    timing._warm_up(replay, 20.0)
     assert (clock["replays"] - 1) * 0.2 >= 20.0, clock
     clock.update(ms=0.0, replays=0)
-    bench._warm_up(replay, 0.0)
+    timing._warm_up(replay, 0.0)
     assert clock["replays"] == 0  # none asked, none run

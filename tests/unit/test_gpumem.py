@@ -48,7 +48,13 @@ def _start(path, n, limit, stop):
 
 
 def _times(proc):
-    out, _ = proc.communicate(timeout=60)
+    """When the holder got and gave its share. Its output is read through the same buffered
+    stream ``_start`` read its first line from: ``communicate(timeout=...)`` reads the pipe's
+    file descriptor itself and never sees what that ``readline`` had already buffered -- the
+    "got" line, whenever the holder printed it before the test read "asking" (a loaded machine:
+    KeyError 'got')."""
+    proc.wait(timeout=60)
+    out = proc.stdout.read()
     assert proc.returncode == 0, out
     t = dict(line.split() for line in out.splitlines())
     return float(t["got"]), float(t["gave"])

@@ -27,16 +27,25 @@ def test_dir_problem(tmp_path):
 
 
 def test_file_problem(tmp_path):
+    """A missing directory of a report file is created when it is written, as a report
+    directory is (nothing is created by the check)."""
     assert file_problem(tmp_path / "r.json") is None and not (tmp_path / "r.json").exists()
-    assert file_problem(tmp_path) == "is a directory"
-    assert file_problem(tmp_path / "no" / "r.json") == (
-        f"directory {tmp_path / 'no'} does not exist")
+    assert file_problem(tmp_path) == "is a directory (name a file)"
+    assert file_problem(tmp_path / "no" / "r.json") is None and not (tmp_path / "no").exists()
+    (tmp_path / "f").write_text("")
+    assert file_problem(tmp_path / "f" / "r.json") == (
+        f"its directory {tmp_path / 'f'} exists and is not a directory")
+    assert file_problem("") == "is empty (name a file)"
+
+
+def test_an_empty_path_is_refused_not_read_as_the_working_directory():
+    assert dir_problem("") == dir_problem("  ") == "is empty (name a directory; '.' for this one)"
 
 
 @pytest.mark.parametrize("argv, says", [
-    (["--json", "/proc/nope/x.json"], "--json /proc/nope/x.json: directory /proc/nope does not "
-                                      "exist"),
-    (["--workdir", "/proc/nope/w"], "--workdir /proc/nope/w: cannot be created")])
+    (["--json", "/proc/nope/x.json"], "--json: /proc/nope/x.json: its directory /proc/nope "
+                                      "cannot be created"),
+    (["--workdir", "/proc/nope/w"], "--workdir: /proc/nope/w: cannot be created")])
 def test_selfcheck_refuses_an_unusable_output_before_any_run(capsys, argv, says):
     t0 = time.monotonic()
     with pytest.raises(SystemExit) as e:
@@ -49,7 +58,7 @@ def test_bench_refuses_an_unusable_out_before_timing(capsys):
     with pytest.raises(SystemExit) as e:
         bench.main(["--quick", "--out", "/proc/nope/b.json"])
     assert e.value.code == 2
-    assert "--out /proc/nope/b.json: directory /proc/nope does not exist" in \
+    assert "--out: /proc/nope/b.json: its directory /proc/nope cannot be created" in \
         capsys.readouterr().err
 
 

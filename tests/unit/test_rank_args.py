@@ -1,5 +1,5 @@
 """Bad arguments of the in-process exchange and of SymmMemBuffers are refused before anything
-runs, naming the rank and the field (issue 48): mismatched ranks once returned uninitialised
+runs, naming the rank and the field: mismatched ranks once returned uninitialised
 memory (all_to_all) or failed deep in a tensor op (lse_reduce_in_process), and a group of None
 was an AttributeError (SymmMemBuffers) where lse_reduce gives a clear TypeError."""
 

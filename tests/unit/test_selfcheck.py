@@ -16,8 +16,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from dcp_a2a.testing.rankpool import gpu_count
-from dcp_a2a.testing.selfcheck import FOREIGN_CORRECT, discover_mutants, needs_gpus
+from dcp_a2a.testing.conformance_run import needs_gpus
+from dcp_a2a.testing.devices import gpu_count
+from dcp_a2a.testing.selfcheck import FOREIGN_CORRECT, discover_mutants
 
 pytestmark = pytest.mark.selfcheck
 
@@ -120,7 +121,7 @@ def test_a_mutant_that_kills_the_process_is_killed_not_unjudged(tmp_path):
     """The records of a session that died in a test (a start event, no result, no session
     record) count that test as the mutant's first failure; the self-check's own timeout does
     not (a hang is not judged a kill)."""
-    from dcp_a2a.testing.selfcheck import Run, _read_results
+    from dcp_a2a.testing.conformance_run import Run, _read_results
 
     path = tmp_path / "m.results.jsonl"
     node = "dcp_a2a/testing/conformance/test_args.py::test_x"
@@ -148,5 +149,5 @@ def test_a_suspect_given_as_a_file_is_judged_as_its_module(tmp_path, monkeypatch
     monkeypatch.chdir(ROOT)
     assert selfcheck.main(["--mutants", str(tmp_path / "my_suspect.py"), "--list"]) == 0
     assert capsys.readouterr().out.split() == ["my_suspect", "Suspect:", "what", "it", "breaks."]
-    with pytest.raises(SystemExit):
-        selfcheck.main(["--mutants", str(tmp_path / "absent.py"), "--list"])
+    assert selfcheck.main(["--mutants", str(tmp_path / "absent.py"), "--list"]) == 2
+    assert "implementation file" in capsys.readouterr().err
