@@ -115,7 +115,8 @@ def items(choices, what: str, *, all_value: str | None = None):
         got = [x.strip() for x in value.split(",")]
         if got == [all_value] and all_value is not None:
             return list(choices)
-        allowed = (f"{all_value} or " if all_value else "") + f"a comma list of {', '.join(choices)}"
+        allowed = ((f"{all_value} or " if all_value else "")
+                   + f"a comma list of {', '.join(choices)}")
         if not any(got) or not all(got):
             raise argparse.ArgumentTypeError(f"an empty {what} in {value!r}; expected {allowed}")
         bad = [x for x in got if x not in choices]

@@ -59,14 +59,13 @@ def test_gpu_tiers_never_pass_on_the_interpreter():
     assert p["kernel"][0]
 
 
-def test_gpu_check_refuses_the_interpreter(monkeypatch, capsys):
-    from types import SimpleNamespace
-
+def test_gpu_check_refuses_the_interpreter(monkeypatch, capsys, tmp_path):
     from dcp_a2a.testing import devices, gpucheck
 
     monkeypatch.setattr(devices, "gpu_count", lambda: 1)
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    assert gpucheck.main(SimpleNamespace(out=None, skip=None, workers=None)) == 2
+    assert gpucheck.main(["--out", str(tmp_path / "g")]) == 2
+    assert not (tmp_path / "g").exists()
     assert "judges the compiled kernels" in capsys.readouterr().err
 
 
@@ -295,9 +294,9 @@ def test_pytest_command_workers_and_foreign_plugins(monkeypatch, tmp_path, prese
     under xdist, where it would only warn once per worker; serial sessions block xdist."""
     monkeypatch.setattr(sessions, "module_present", lambda name: name in present)
     parallel = sessions.pytest_command(tiers.RunSpec("main", ["unit"], [], 2), tmp_path / "p",
-                                  impl=None, quick=False)
-    serial = sessions.pytest_command(tiers.RunSpec("multigpu", ["multigpu"], [], None), tmp_path / "p",
-                                impl=None, quick=False)
+                                       impl=None, quick=False)
+    serial = sessions.pytest_command(tiers.RunSpec("multigpu", ["multigpu"], [], None),
+                                     tmp_path / "p", impl=None, quick=False)
     joined = " ".join(parallel)
     assert ("-n 2 --dist loadgroup" in joined) == ("xdist" in present)
     assert ("-p no:benchmark" in joined) == ({"xdist", "pytest_benchmark"} <= present)

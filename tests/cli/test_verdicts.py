@@ -9,7 +9,6 @@ import os
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
@@ -32,12 +31,11 @@ def _run(args, *, env=None, cwd=None, timeout=600, module="dcp_a2a"):
 def test_an_empty_implementation_is_refused_not_read_as_the_default(tmp_path):
     """An unset CI variable (``--impl "$IMPL"``) must not test dcp_a2a and go green: the
     command line as a CI job runs it, and the suite's own pytest entry point."""
-    t0 = time.monotonic()
     proc = _run(["validate", "--impl", "", "--quick", "--out", str(tmp_path)])
     assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "empty" in proc.stderr and "unset variable" in proc.stderr
-    assert not (tmp_path / "validation.json").exists()  # nothing ran, no report to misread
-    assert time.monotonic() - t0 < 60
+    # nothing ran (no pytest session, whose records and log land in DIR): no report to misread
+    assert not list(tmp_path.iterdir())
     proc = _run(["-m", "conformance", "--co", "-q", "-p", "no:cacheprovider"],
                 env={"DCP_A2A_IMPL": ""}, module="pytest")
     assert proc.returncode == 4 and "DCP_A2A_IMPL is set but empty" in proc.stderr, \
@@ -205,12 +203,10 @@ def test_evals_that_cannot_run_exit_3_at_once_naming_everything_missing(tmp_path
     out = tmp_path / "report"
     empty = tmp_path / "gsm8k"
     empty.mkdir()
-    t0 = time.monotonic()
     proc = _run(["validate", "--evals", "--tiers", "unit", "--gsm8k-dir", str(empty),
                  "--no-plots", "--no-progress", "-j", "0", "--out", str(out)],
                 env={"DCP_A2A_MODEL_CACHE": str(tmp_path / "no-models"), "HOME": str(tmp_path)})
     assert proc.returncode == 3, proc.stdout[-3000:] + proc.stderr[-2000:]
-    assert time.monotonic() - t0 < 60
     assert "asked for but cannot run here: evals:logit_parity, evals:gsm8k (exit status 3; " \
            "nothing was run)" in proc.stdout
     for job in ("logit_parity", "gsm8k"):
@@ -268,13 +264,12 @@ def test_bad_eval_options_are_usage_errors_up_front(tmp_path, capsys, args, name
 
 
 def test_accuracy_refuses_an_unwritable_out_before_the_first_case(tmp_path):
-    t0 = time.monotonic()
     proc = _run(["--out", "/proc/nope/x.json", "--shapes", "1x4x8", "--dtype", "float16"],
                 module="dcp_a2a.testing.accuracy")
     assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "argument --out: /proc/nope/x.json: its directory /proc/nope cannot be created" in \
         proc.stderr
-    assert "cases" not in proc.stdout and time.monotonic() - t0 < 60
+    assert "cases" not in proc.stdout and "accuracy N=" not in proc.stderr  # no case began
 
 
 def test_accuracy_with_no_case_to_run_is_a_usage_error(tmp_path):

@@ -11,6 +11,7 @@ import sys
 import pytest
 import torch
 
+from dcp_a2a.testing.childenv import child_env
 from dcp_a2a.testing.plugin import need_gpus as _need
 from dcp_a2a.testing.data import bits_view, partials
 from dcp_a2a.testing.data import heads_of
@@ -47,7 +48,7 @@ def test_torchrun_nccl_accuracy_job(tmp_path, impl, nproc):
            "--shapes", "1x128x512,16x128x512,128x128x512,1024x64x512:bfloat16",
            "--out", str(out)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT,
-                          env={**os.environ, "PYTHONPATH": ROOT})
+                          env=child_env(ROOT))  # the caller's PYTHONPATH kept: --impl's module
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     report = json.loads(out.read_text())
     assert report["ok"] and report["meta"]["dist_backend"] == "nccl"

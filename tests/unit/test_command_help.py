@@ -73,7 +73,7 @@ def test_a_case_the_implementation_raised_in_is_a_failing_row_that_names_it():
 
     base = {"backend": "default", "dtype": "float32", "shape": "1x4x8", "b": 1, "h": 4, "d": 8,
             "base": "e", "lse_dtype": "float32", "empty_rows": 0}
-    (row,) = ar.merge_rows([[dict(base, error="TypeError: no")], [dict(base, error="TypeError: no")]])
+    (row,) = ar.merge_rows([[dict(base, error="TypeError: no")]] * 2)
     assert row["ok"] is False and row["error"] == "rank 0: TypeError: no; rank 1: TypeError: no"
     report = ar._report({"world_size": 2, "dist_backend": "gloo", "device": "cpu",
                          "triton_interpreter": True, "implementation": "m",

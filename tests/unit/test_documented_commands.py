@@ -91,7 +91,8 @@ def _commands():
                 out.append((where, "pytest", None, argv[1:]))
             elif prog == "torchrun" and "-m" in argv:
                 i = argv.index("-m")
-                out.append((where, "main", argv[i + 1], argv[i + 2:]))
+                module = ENTRY_POINTS.get(argv[i + 1], argv[i + 1])  # -m dcp_a2a: the CLI
+                out.append((where, "main", module, argv[i + 2:]))
             elif re.fullmatch(r"python3?(\.\d+)?", prog) and argv[1:2] == ["-m"] and len(argv) > 2:
                 mod, rest = argv[2], argv[3:]
                 if mod == "pytest":

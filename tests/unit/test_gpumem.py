@@ -21,22 +21,26 @@ from dcp_a2a.testing import gpumem
 
 pytestmark = pytest.mark.unit
 
-# asks for a share of argv[2] bytes (limit argv[3]) and holds it until the file argv[4] exists;
+# asks for a share of argv[2] bytes (limit argv[3]) and holds it until the file argv[4] exists
+# (or the test is gone: no holder outlives it; no clock, which a loaded machine would run out);
 # prints when it asked, got and gave it
 _HOLDER = r"""
-import sys, time
+import os, sys, time
 from pathlib import Path
 from dcp_a2a.testing import gpumem
 path, n, limit, stop = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), Path(sys.argv[4])
+test = os.getppid()
 print("asking", time.time(), flush=True)
 gpumem.acquire(n, limit, path)
 print("got", time.time(), flush=True)
-deadline = time.time() + 60
-while not stop.exists() and time.time() < deadline:
+while not stop.exists() and os.getppid() == test:
     time.sleep(0.02)
 print("gave", time.time(), flush=True)
 gpumem.release(n, path)
 """
+# how long a step may take before the test gives up on it: long, since only a broken share
+# (never a slow machine) should reach it; a passing run takes a few seconds
+PATIENCE_S = 300
 
 
 def _start(path, n, limit, stop):
@@ -53,7 +57,7 @@ def _times(proc):
     file descriptor itself and never sees what that ``readline`` had already buffered -- the
     "got" line, whenever the holder printed it before the test read "asking" (a loaded machine:
     KeyError 'got')."""
-    proc.wait(timeout=60)
+    proc.wait(timeout=PATIENCE_S)
     out = proc.stdout.read()
     assert proc.returncode == 0, out
     t = dict(line.split() for line in out.splitlines())
@@ -73,7 +77,7 @@ def _held(path):
 
 
 def _wait_until(predicate, what):
-    deadline = time.time() + 30
+    deadline = time.time() + PATIENCE_S
     while time.time() < deadline:
         if predicate():
             return
