@@ -67,6 +67,7 @@ MAX_CALLS = 10_000
 # LSE differences beyond this overflow the float32 LSEs the ranks draw (6 sigma of 1e30 is
 # still finite; the merge of such ranks is one rank's partial)
 MAX_SPREAD = 1e30
+MAX_SEED = 2**32 - 1  # numpy's range; a larger one would alias a smaller one in the mixing
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -97,8 +98,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="implementation under test (package.module[:attr]; default "
                         "$DCP_A2A_IMPL or dcp_a2a). Backends and the bitwise check need the "
                         "project's own implementation; a foreign one runs its default path.")
-    p.add_argument("--seed", type=a.non_negative_int, default=0,
-                   help="seed of every rank's partials (each rank regenerates all of them)")
+    p.add_argument("--seed", type=a.count(0, MAX_SEED), default=0,
+                   help=f"seed of every rank's partials, 0 to {MAX_SEED} (each rank regenerates "
+                        "all of them)")
     p.add_argument("--spread", type=a.number(0, MAX_SPREAD, what="spread"), default=4.0,
                    help="std of the LSE differences between ranks (nats or bits; 0 to "
                         f"{MAX_SPREAD:g})")
@@ -170,7 +172,7 @@ def plan(args, world: int, device, dist_backend: str) -> Plan:
                          f"(out, lse, group, *, return_lse, is_lse_base_on_e): {why}")
     masking = _takes(fn, {**base_kw, **mask_kw}) is None
     not_run = {}
-    if "symm_mem" in args.backend and not (gpu and dist_backend == "nccl"):
+    if project and "symm_mem" in args.backend and not (gpu and dist_backend == "nccl"):
         why = (f"symm_mem needs an NCCL group of CUDA ranks; this is {dist_backend} on "
                f"{torch.device(device).type}")
         if list(args.backend) != list(BACKENDS):  # asked for by name

@@ -113,7 +113,9 @@ ROWS = [
                                       "1e+30, got 'nan'"),
     ("accuracy", ["--spread", "inf"], "argument --spread: expected a finite spread"),
     ("accuracy", ["--spread", "1e300"], "argument --spread: expected a finite spread"),
-    ("accuracy", ["--seed", "-1"], "argument --seed: expected a whole number >= 0"),
+    ("accuracy", ["--seed", "-1"], "argument --seed: expected a whole number from 0 to "
+                                   "4294967295, got '-1'"),
+    ("accuracy", ["--seed", "99999999999999999999999"], "argument --seed: expected a whole"),
     ("accuracy", ["--shapes", ""], "argument --shapes: an empty shape in ''"),
     ("accuracy", ["--shapes", "bogus"], "argument --shapes: bad shape 'bogus': expected "
                                         "BxHxD[:dtype]"),
