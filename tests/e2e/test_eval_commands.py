@@ -51,10 +51,10 @@ def test_one_variable_names_the_gsm8k_dir(tmp_path, monkeypatch):
 
 @pytest.mark.unit
 def test_validate_and_evals_agree_on_the_variable():
-    from dcp_a2a.testing import validate
+    from dcp_a2a.testing import machine  # what validate reads the machine with
 
-    assert gu.ENV_VAR == validate.GSM8K_ENV == "DCP_A2A_GSM8K_DIR"
-    assert gu.DEFAULT_DIR == validate.REPO_ROOT.parent / "shared" / "data" / "gsm8k"
+    assert gu.ENV_VAR == machine.GSM8K_ENV == "DCP_A2A_GSM8K_DIR"
+    assert gu.DEFAULT_DIR == machine.REPO_ROOT.parent / "shared" / "data" / "gsm8k"
 
 
 # --------------------------------------------------------------------------- what each reads

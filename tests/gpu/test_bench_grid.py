@@ -1,4 +1,4 @@
-"""GPU tier: one point of the benchmark's grid (``python -m dcp_a2a.testing.bench --grid``),
+"""GPU tier: one point of the benchmark's grid (``dcp-a2a bench --grid``),
 two tables, two interleaved rounds (up to four where a verdict is undecided): every number it
 reports is there and positive, each table has a verdict, and a kernel that two tables share is
 timed once."""
@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dcp_a2a.testing import bench
+from dcp_a2a.testing import bench, bench_grid
 
 pytestmark = [
     pytest.mark.gpu,
@@ -18,7 +18,8 @@ pytestmark = [
 
 def test_grid_point_times_every_table_in_rounds():
     tables = ("table", "pack_sixth_pass")  # different pack rules, the same combine rules
-    row = bench.grid_point(4, 16, 2, 128, "bfloat16", 4000.0, tables, rounds=2, settle_rounds=4)
+    row = bench_grid.grid_point(4, 16, 2, 128, "bfloat16", 4000.0, tables, rounds=2,
+                                settle_rounds=4)
     assert row["rounds"] == 2 and set(row["tables"]) == set(tables)
     for op in ("pack", "unpack"):
         assert row[f"{op}_rounds"] in (2, 4)
@@ -33,7 +34,7 @@ def test_grid_point_times_every_table_in_rounds():
         assert row[f"{op}_us"] == row["tables"]["table"][f"{op}_us"] > 0
         assert row[f"{op}_ratio"] == row[f"{op}_us"] / row[f"{op}_straightforward_us"]
     assert row["tables"]["table"]["unpack_us"] == row["tables"]["pack_sixth_pass"]["unpack_us"]
-    text = bench.grid_table([row])
+    text = bench_grid.grid_table([row])
     assert "medians of 2 interleaved rounds" in text and "worst ratio" in text
 
 

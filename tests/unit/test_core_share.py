@@ -67,8 +67,8 @@ def test_mutant_runs_share_the_cores(monkeypatch, tmp_path, user_threads, expect
         seen.append((kind, threads))
         return selfcheck.Run(spec, kind, verdict="killed")
 
-    monkeypatch.setattr(selfcheck, "run_one", fake_run_one)
-    monkeypatch.setattr(selfcheck, "preflight", lambda *a: {})
+    monkeypatch.setattr(selfcheck.cr, "run_one", fake_run_one)  # one conformance run
+    monkeypatch.setattr(selfcheck.cr, "preflight", lambda *a: {})
     monkeypatch.setattr(selfcheck.signal, "signal", lambda *a: None)  # this process's handler
     code = selfcheck.main(["--correct", "--mutants", "dcp_a2a.testing.mutants.lse_halves_swapped",
                            "--parallel", "2", "--mutant-jobs", "2", "--workdir", str(tmp_path)])
