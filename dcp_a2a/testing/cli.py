@@ -60,10 +60,11 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict]:
     p = Parser(prog="dcp-a2a", formatter_class=_Formatter,
                description="dcp_a2a: the packed all-to-all combine for Decode Context "
                            "Parallel attention, and its validation suite.",
-               epilog="Under torchrun (one process per rank): torchrun --nproc-per-node N -m "
-                      "dcp_a2a accuracy|bench --collective [FLAGS]. Every program: a bad flag "
-                      "value is one line and exit status 2, before any work; "
-                      "`dcp-a2a COMMAND --help` lists its flags.")
+               epilog="Under torchrun (one process per rank):\n"
+                      "  torchrun --nproc-per-node N -m dcp_a2a accuracy [FLAGS]\n"
+                      "  torchrun --nproc-per-node N -m dcp_a2a bench --collective [FLAGS]\n"
+                      "Every program: a bad flag value is one line and exit status 2, before "
+                      "any work;\n`dcp-a2a COMMAND --help` lists its flags.")
     p.add_argument("--version", action="version", version=_version())
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     subs = {}

@@ -18,6 +18,7 @@ def test_the_top_help_lists_every_program(capsys):
     for command in ("validate", "accuracy", "bench", "self-check", "gpu-check", "engines"):
         assert f"    {command}" in out, command
     assert "torchrun --nproc-per-node N -m dcp_a2a accuracy" in out
+    assert "torchrun --nproc-per-node N -m dcp_a2a bench --collective" in out
 
 
 @pytest.mark.parametrize("command", list(cli.PROGRAMS))
