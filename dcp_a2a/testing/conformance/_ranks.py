@@ -105,8 +105,11 @@ def lse_as_passed(lse: torch.Tensor, layout: str) -> torch.Tensor:
     """A rank's ``lse[B, H]`` in the scenario's layout (same values)."""
     if layout == "transposed":
         return lse.t().contiguous().t()
-    if layout == "broadcast":
-        return lse[:, :1].expand(lse.shape)
+    if layout == "broadcast":  # the row's value at stride 0, garbage where rows would follow
+        b, h = lse.shape
+        store = torch.full((b * h + 1,), 1e4, dtype=lse.dtype, device=lse.device)
+        store[:b] = lse[:, 0]
+        return store[:b].view(b, 1).expand(b, h)
     return lse
 
 

@@ -202,6 +202,26 @@ def test_non_contiguous_inputs(impl, device, dtype):
 
 
 @pytest.mark.surface("wire", "masking")
+@pytest.mark.parametrize("layout", ["transposed", "broadcast"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_lse_layouts_on_the_wire(impl, device, dtype, layout):
+    """An LSE that is not a contiguous [B, H]: the view of an [H, B] tensor (attention kernels
+    that write head-major), or one value a row broadcast over the heads (stride 0, the storage
+    beyond it garbage). Its values go out as the spec says, or it is refused naming it."""
+    n, b, h, d = 2, 5, 4, impl.envelope.fit_head_dim(6)
+    outs, lses = partials(1, b, h, d, dtype, seed=29, device=device)
+    if layout == "transposed":
+        lse = lses[0].t().contiguous().t()
+    else:
+        store = torch.full((b * h + 1,), 1e4, dtype=torch.float32, device=device)
+        store[:b] = lses[0][:, 0]
+        lse = store[:b].view(b, 1).expand(b, h)
+    sent = []
+    if refused_instead(lambda: sent.append(_pack(impl, outs[0], lse, n)), STRIDE_WORDS):
+        return
+    _assert_wire_equal(sent[0], expected_send(outs[0], lse.contiguous(), n))
+
+
 @pytest.mark.parametrize("n,d", [(2, 80), (4, 24)], ids=["N2-D80", "N4-D24"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_pack_writes_nothing_outside_its_send_buffer(impl, device, dtype, n, d):
