@@ -263,9 +263,9 @@ def check_merge(actual_out: torch.Tensor, actual_lse: torch.Tensor | None,
 # Formulations outside the bound's scope that a failing merge may follow: a failure within one
 # of their bounds is weaker precision of a known design, not wrong numbers (.verdicts).
 WEAKER_FORMULATIONS = {
-    "online": "running-max (online) merge, tolerances.yaml `online`",
     "rounded_lse": "weights from the fp32-rounded merged LSE, exp(s_n - fl(g)), "
                    "tolerances.yaml `rounded_lse`",
+    "online": "running-max (online) merge, tolerances.yaml `online`",
 }
 
 
