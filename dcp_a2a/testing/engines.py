@@ -75,22 +75,25 @@ def _column(spec: str) -> str:
 
 
 def default_specs(releases: Path | None) -> list[tuple[str, str | None]]:
-    """[(spec, reason it cannot run here or None)] of every engine variant."""
-    from .adapters import ENGINE_VARIANTS, find_release, runnable_here
+    """[(spec, reason it cannot run here or None)] of every engine variant: from the releases
+    in ``releases`` when given, else as installed here."""
+    from .adapters import ENGINE_VARIANTS, GPUS_NEEDED, find_release
+    from .rankpool import gpu_count
 
+    gpus = gpu_count()
     out = []
     for engine, variants in ENGINE_VARIANTS.items():
-        path = None
-        if releases is not None:
-            path = find_release(engine, releases)
-        for variant in variants:
-            head = engine if variant is None or variant == next(iter(variants)) else \
-                f"{engine}:{variant}"
+        path = find_release(engine, releases) if releases is not None else None
+        for i, variant in enumerate(variants):
+            head = engine if i == 0 else f"{engine}:{variant}"
+            need = GPUS_NEEDED.get((engine, variant), 0)
             if releases is not None and path is None:
                 out.append((head, f"no {engine} release in {releases}"))
-                continue
-            spec = head if path is None else f"{head}={path}"
-            out.append((spec, runnable_here(engine, variant)))
+            elif need > gpus:
+                out.append((head, f"needs >= {need} CUDA GPUs, this machine has {gpus} "
+                                  "(written for any N; not run)"))
+            else:
+                out.append((head if path is None else f"{head}={path}", None))
     return out
 
 
