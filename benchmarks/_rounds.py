@@ -1,8 +1,8 @@
-"""What the perf scripts here share besides the bench's timers: one grid point's pack inputs
+"""What the pack benchmarks here share besides the bench's timers: one grid point's pack inputs
 and reference bytes, and a check of every variant's wire bytes before timing them
 (``dcp_a2a.testing.bench.timed_rounds`` then times them in interleaved rounds); the GPU's
 clocks as nvidia-smi reports them."""
-import json, statistics, subprocess, time
+import statistics, subprocess, time
 import torch
 from dcp_a2a.kernels import tuning
 from dcp_a2a.kernels.pack import pack
@@ -92,10 +92,10 @@ def pack_under(cfg, out, lse, send, hpr):
     return under_launch("pack", cfg, lambda: pack(out, lse, send, hpr))
 
 
-def check_tables(out_json, pts, old, rounds, settle_rounds=0):
+def check_tables(save, pts, old, rounds, settle_rounds=0):
     """The table against the candidate table ``old`` (``tuning.CANDIDATES``) at ``pts`` by
     ``bench.grid_point`` (bytes checked; the straightforward kernel and a copy timed alike;
-    each table's verdict); a line a point, the rows to ``out_json``, and the table's time over
+    each table's verdict); a line a point, the rows to ``save``, and the table's time over
     ``old``'s: median and range."""
     copy, rows = copy_bandwidth(1 << 30), []
     for pt in pts:
@@ -108,8 +108,7 @@ def check_tables(out_json, pts, old, rounds, settle_rounds=0):
               f"{r['pack_straightforward_us']:.3f} | table/{old} "
               f"{new['pack_us'] / was['pack_us']:.3f} table/sf {r['pack_ratio']:.3f} "
               f"[{r['pack_ratio_ci'][0]:.3f}, {r['pack_ratio_ci'][1]:.3f}]", flush=True)
-    json.dump(dict(device=torch.cuda.get_device_name(), copy_gbps=copy, rows=rows),
-              open(out_json, "w"), indent=1)
+    save(dict(device=torch.cuda.get_device_name(), copy_gbps=copy, rows=rows))
     q = [r["tables"]["table"]["pack_us"] / r["tables"][old]["pack_us"] for r in rows]
     print(f"table / {old}: median {statistics.median(q):.3f} min {min(q):.3f} max "
           f"{max(q):.3f}; table / sf worst {max(r['pack_ratio'] for r in rows):.3f}")

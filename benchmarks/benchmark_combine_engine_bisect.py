@@ -1,9 +1,10 @@
 """What parts our unpack-combine from the engine-design baseline at fp32 D=512, N=8, where the
-bytes fit the L2 (issue 47, "What limits the rest" in docs/perf.md: 1.31-1.33 x the engine design
-at 2048 rows on an H100, no launch of ours within 1.29).
+bytes fit the L2 (on an H100 ours takes about 1.3 x the engine design at 2048 rows there, and no
+launch of ours comes within 1.29: docs/perf_history.md).
 
-    python docs/perf_data/fp32_l2_probe.py [OUT.json] [--rounds 7]
-    python docs/perf_data/fp32_l2_probe.py --smoke      (tiny shapes, any device: structure only)
+    python benchmarks/benchmark_combine_engine_bisect.py [OUT.json] [--rounds 7]
+    python benchmarks/benchmark_combine_engine_bisect.py --smoke   (tiny shapes, any device:
+        structure only)
 
 Bisects between the two kernels at the same launch (one token and head a program, the whole
 head in one tile). The engine design's kernel is copied here with switches that each move it
@@ -21,26 +22,23 @@ one step towards ours:
 and ours is timed at its table's launch and at one head a program with 1, 2, 4 and 8 warps.
 The registers and spills of every kernel compiled are printed and kept (Triton's caches).
 
-Tried beside it (2026-12-06; docs/perf_history.md, nineteenth pass): ours with each rank's
-tile loaded where it is added (compiled offline with Triton 3.6 for sm_90: ptxas hoisted the
-loads anyway, the same SASS) and, timed on an H100, with a thread's registers capped (maxnreg
+Tried beside it (docs/perf_history.md): ours with each rank's tile loaded where it is added
+(ptxas hoisted the loads anyway, the same SASS) and with a thread's registers capped (maxnreg
 128/64/48/32 at 1/2/2/4 warps, where every program of 2048 rows would fit the SMs at once:
-spills, 2.0-3.1 x the engine design, ``fp32_l2_probe_caps_h100.json``). The
-same interleaved rounds of CUDA-graph replays as the grid (``bench.timed_rounds``); every
+spills, 2-3 x the engine design). The same interleaved rounds of CUDA-graph replays as the grid (``bench.timed_rounds``); every
 variant's output is checked against ours within 2^-6 first. Prints the median per-round ratio
 of each variant over the engine design per point; the JSON keeps every round.
 """
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
 import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout, uninstalled
+# the decode probe's timers and inputs, from the script beside the performance docs
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "docs" / "perf_data"))
 
 import torch  # noqa: E402
 import triton  # noqa: E402
@@ -50,6 +48,8 @@ import dcp_a2a  # noqa: E402
 from dcp_a2a.kernels import tuning  # noqa: E402
 from dcp_a2a.testing import bench, engine_design  # noqa: E402
 from issue47_probe import wall_timer, wire, with_launch  # noqa: E402
+
+import _run  # noqa: E402
 
 POINTS = [  # (B, H, D, N, dtype): the missed rows, either side of them, and a bf16 control
     (256, 64, 512, 8, "float32"), (128, 128, 512, 8, "float32"),
@@ -180,11 +180,16 @@ def compiled_registers():
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("out", nargs="?", default="fp32_l2_probe.json")
-    ap.add_argument("--rounds", type=int, default=7)
+    ap = _run.parser(__doc__, "benchmark_combine_engine_bisect.py")
+    _run.add_out(ap, required=False)
+    ap.add_argument("--rounds", type=_run.positive_int, default=7)
     ap.add_argument("--smoke", action="store_true")
     a = ap.parse_args(argv)
+    with _run.recorded(a.out, "combine_engine_bisect") as save:
+        return bisect(a, save)
+
+
+def bisect(a, save):
     device = "cuda" if torch.cuda.is_available() else "cpu"
     points = SMOKE_POINTS if a.smoke else POINTS
     timer = None if device == "cuda" else wall_timer
@@ -204,10 +209,8 @@ def main(argv=None):
     for r in regs:
         print("  ", r)
     name = torch.cuda.get_device_name() if device == "cuda" else "cpu"
-    Path(a.out).write_text(json.dumps({"device": name, "torch": torch.__version__,
-                                       "triton": triton.__version__, "rounds": rounds,
-                                       "seconds": time.time() - t0, "rows": rows,
-                                       "registers": regs}, indent=1))
+    save({"device": name, "torch": torch.__version__, "triton": triton.__version__,
+          "rounds": rounds, "seconds": time.time() - t0, "rows": rows, "registers": regs})
     return 0
 
 

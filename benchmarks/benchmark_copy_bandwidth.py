@@ -1,4 +1,4 @@
-"""How fast can any kernel move the pack's bytes (docs/perf_history.md, eighth pass)? At the grid's
+"""How fast can any kernel move the pack's bytes? At the grid's
 512-lane heads (fp32 D=512) of 4k rows and more, the straightforward pack and ours next to a
 device copy of the same bytes (``copy_``: the driver's device-to-device memcpy) and a sweep of
 plain Triton copies of them (16-byte words; elements per program x warps, and a persistent
@@ -7,14 +7,15 @@ the same bytes and a copy is the simplest way to move them. Rounds interleave ev
 each copy's bytes are checked against its source, and the packs' against the straightforward
 kernel's, first.
 
-    python docs/perf_data/copy_roofline.py OUT.json BUDGET_SECONDS   (on a GPU; PYTHONPATH=. from the checkout)
+    python benchmarks/benchmark_copy_bandwidth.py OUT.json [--budget SECONDS]   (on a GPU)
 """
-import json, statistics, sys, time
+import statistics, time
 import torch
 import triton
 import triton.language as tl
 from dcp_a2a.testing.bench import copy_bandwidth, timed_rounds
 from _rounds import check_bytes, copy_pair, fp32_d512_points, point_runs, packs
+import _run
 
 
 @triton.jit
@@ -44,8 +45,22 @@ def triton_copy(src, dst, block, warps, persistent=None):
     return lambda: _copy_kernel[grid](src, dst, n, BLOCK=block, num_warps=warps)
 
 
-def main():
-    t0, budget = time.time(), float(sys.argv[2])
+def parser():
+    ap = _run.parser(__doc__, "benchmark_copy_bandwidth.py")
+    _run.add_out(ap)
+    ap.add_argument("--budget", type=_run.positive_float, default=300.0,
+                    help="seconds of points (the rest are skipped)")
+    return ap
+
+
+def main(argv=None):
+    args = parser().parse_args(argv)
+    with _run.recorded(args.out, "copy_bandwidth") as save:
+        measure(save, args.budget)
+
+
+def measure(save, budget):
+    t0 = time.time()
     copy = copy_bandwidth(1 << 30)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     # (elements a program, warps, persistent programs); every thread holds a 16-byte word or more
@@ -74,8 +89,7 @@ def main():
               f"{us['copy_']:.2f} best {best} {us[best]:.2f} | best/sf {r['best_copy_over_sf']:.3f} "
               f"table/sf {r['table_over_sf']:.3f} best/copy_ {r['best_copy_over_copy_']:.3f} "
               f"table/best {r['table_over_best_copy']:.3f}", flush=True)
-        json.dump(dict(device=torch.cuda.get_device_name(), copy_gbps=copy, rows=rows),
-                  open(sys.argv[1], "w"), indent=1)
+        save(dict(device=torch.cuda.get_device_name(), copy_gbps=copy, rows=rows))
     for k in ("best_copy_over_sf", "table_over_sf", "best_copy_over_copy_", "table_over_best_copy"):
         rs = [r[k] for r in rows]
         print(f"{k}: min {min(rs):.3f} median {statistics.median(rs):.3f} max {max(rs):.3f}")

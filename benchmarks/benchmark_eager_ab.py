@@ -1,12 +1,12 @@
 """Eager calls of two checkouts side by side, on one GPU machine, in alternating rounds.
 
-    python docs/perf_data/eager_ab.py BEFORE_CHECKOUT [OUT.json] [--rounds 3]
-    python docs/perf_data/eager_ab.py BEFORE_CHECKOUT --smoke   (CPU, interpreter, tiny
+    python benchmarks/benchmark_eager_ab.py BEFORE_CHECKOUT [OUT.json] [--rounds 3]
+    python benchmarks/benchmark_eager_ab.py BEFORE_CHECKOUT --smoke   (CPU, interpreter, tiny
         shapes, 2 calls: the structure only; the times mean nothing)
 
 Each round runs :func:`dcp_a2a.testing.eager.eager_rows` (1000 back-to-back calls synchronised
-at the end, median of 5) at the issue-47 eager rows in a fresh process per checkout, the
-checkout before first, then this one (the directory holding ``docs/``), so that both see the
+at the end, median of 5) at three decode rows in a fresh process per checkout, the
+checkout before first, then this one (the directory holding ``benchmarks/``), so that both see the
 same machine state in turn. Per op and row it prints the median over rounds of each checkout's
 us per call and the median of the per-round ratios after / before. The JSON keeps every
 round's rows. The checkout before is any directory holding a ``dcp_a2a`` package with the same
@@ -14,7 +14,6 @@ round's rows. The checkout before is any directory holding a ``dcp_a2a`` package
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -22,9 +21,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parents[2]
+import _run
+
+HERE = _run.ROOT
 ROWS = [(1, 128, 512, 8, "bfloat16"), (64, 128, 512, 8, "bfloat16"),
-        (256, 32, 128, 4, "float16")]  # the issue's eager table
+        (256, 32, 128, 4, "float16")]  # decode rows: the smallest, a mid one, a 128-lane head
 SMOKE_ROWS = [(2, 4, 8, 2, "float16")]
 _CHILD = """
 import json, sys
@@ -51,18 +52,21 @@ def run_checkout(tree: Path, rows, device: str, calls: int, repeats: int) -> lis
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = _run.parser(__doc__, "benchmark_eager_ab.py")
     ap.add_argument("before", type=Path, help="the checkout to compare against")
-    ap.add_argument("out", nargs="?", default="eager_ab.json")
-    ap.add_argument("--rounds", type=int, default=3)
+    _run.add_out(ap, required=False)
+    ap.add_argument("--rounds", type=_run.positive_int, default=3)
     ap.add_argument("--smoke", action="store_true", help="CPU, tiny shapes, 2 calls")
     args = ap.parse_args(argv)
-    if args.rounds < 1:
-        ap.error("--rounds must be at least 1")
     if not (args.before / "dcp_a2a").is_dir():
         ap.error(f"{args.before} holds no dcp_a2a package")
     rows, device, calls, repeats = ((SMOKE_ROWS, "cpu", 2, 1) if args.smoke
                                     else (ROWS, "cuda", 1000, 5))
+    with _run.recorded(args.out, "eager_ab") as save:
+        return compare(args, rows, device, calls, repeats, save)
+
+
+def compare(args, rows, device, calls, repeats, save) -> int:
     trees = {"before": args.before.resolve(), "after": HERE}
     rounds = []
     for i in range(args.rounds):
@@ -89,10 +93,9 @@ def main(argv=None) -> int:
     lines.append(f"medians over {args.rounds} alternating rounds (a fresh process per checkout "
                  "and round); ratio: the median of the per-round ratios")
     import torch
-    Path(args.out).write_text(json.dumps(
-        {"device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
-         "torch": torch.__version__, "before": str(args.before), "rows": rows,
-         "rounds": rounds, "summary": summary}, indent=1))
+    save({"device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+          "torch": torch.__version__, "before": str(args.before), "rows": rows,
+          "rounds": rounds, "summary": summary})
     print("\n".join(lines))
     return 0
 

@@ -1,45 +1,44 @@
-"""Where an eager call's host time goes on a GPU machine (issue 47), in one short run.
+"""Where an eager call's host time goes on a GPU machine, in one short run.
 
-    python docs/perf_data/eager_profile.py [OUT.json] [--calls 2000] [--top 15]
+    python benchmarks/benchmark_eager_profile.py [OUT.json] [--calls 2000] [--top 15]
 
 At one decode row (B=64 H=128 D=512 N=8 bfloat16, CUDA tensors), for ``pack_send``,
 ``unpack_combine`` and ``lse_reduce`` (packed, a group of one: two launches, so no floor or
 launcher of its own): the eager time per call (``dcp_a2a.testing.eager.eager_us``: back-to-back
 calls, one synchronise at the end, median of 5), the same with every Triton launch replaced by a
-no-op (our host work alone, on this machine's CPU and with CUDA tensors; ``host_overhead.py``
+no-op (our host work alone, on this machine's CPU and with CUDA tensors;
+``benchmark_host_overhead.py``
 measures it with CPU tensors; a kept problem's Site refuses a stand-in kernel, so this times the
 checked path, not a kept call's), the empty-kernel floor (Triton's launcher with the real launch's
 arguments), the real kernel's compiled launcher called directly (what a launch cached per
 problem, skipping Triton's Python dispatch, could reach), and cProfile's top functions by own
-time over ``--calls`` real calls. The probe of
-a86bf2b on one H100 found ours 43-51 us a call above the floor there, where the 2-core CPU
-machine measures 8-9 us of host work: this says which calls make the difference.
+time over ``--calls`` real calls: which calls make the difference between the host work a CPU
+machine measures and what an eager call costs on a GPU machine.
 """
 from __future__ import annotations
 
-import argparse
 import cProfile
 import io
-import json
 import platform
 import pstats
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout, uninstalled
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # host_overhead.py beside it
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout, uninstalled
 
 import torch  # noqa: E402
 
+import _run  # noqa: E402
 import dcp_a2a  # noqa: E402
+from benchmark_host_overhead import KERNELS, _NoLaunch  # noqa: E402
 from dcp_a2a.testing import eager  # noqa: E402
-from host_overhead import KERNELS, _NoLaunch  # noqa: E402
 
 B, H, D, N, DTYPE = 64, 128, 512, 8, torch.bfloat16
 
 
 def _without_launches(fn, calls: int) -> float:
-    """``fn``'s eager us per call with every launch a no-op (host_overhead.py's stand-ins)."""
+    """``fn``'s eager us per call with every launch a no-op (benchmark_host_overhead.py's
+    stand-ins)."""
     saved = [(mod, name, getattr(mod, name)) for mod, name in KERNELS]
     for mod, name, _ in saved:
         setattr(mod, name, _NoLaunch())
@@ -84,16 +83,20 @@ def _profile(fn, calls: int, top: int) -> str:
     return buf.getvalue()
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("out", nargs="?", default="eager_profile.json")
-    ap.add_argument("--calls", type=int, default=2000)
-    ap.add_argument("--top", type=int, default=15)
-    args = ap.parse_args()
-    calls = args.calls
+def main(argv=None) -> int:
+    ap = _run.parser(__doc__, "benchmark_eager_profile.py")
+    _run.add_out(ap, required=False)
+    ap.add_argument("--calls", type=_run.positive_int, default=2000)
+    ap.add_argument("--top", type=_run.positive_int, default=15)
+    args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         ap.error("needs a CUDA GPU (the point is what CUDA tensors and the compiled launch cost)")
+    with _run.recorded(args.out, "eager_profile") as save:
+        return profile_ops(args, save)
+
+
+def profile_ops(args, save) -> int:
+    calls = args.calls
     dev = torch.device("cuda")
     p, hpr = dcp_a2a.lse_pack_dim(DTYPE), H // N
     out = torch.randn(B, H, D, device=dev).to(DTYPE)
@@ -134,7 +137,7 @@ def main() -> int:
               f"{row['no_launch_us']:.2f} us, empty-kernel floor {row['floor_us']:.2f} us, "
               f"the real kernel's compiled launcher called directly {direct}")
         print(row["profile"])
-    Path(args.out).write_text(json.dumps(report, indent=1))
+    save(report)
     return 0
 
 

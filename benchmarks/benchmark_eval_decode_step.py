@@ -1,24 +1,24 @@
-"""Time the decode step of the simulated-DCP model, per backend: where a GSM8K run spends its
-time, measured without lm-eval (one prefill, then greedy steps of the model's forward).
+"""Time the decode step of the evals' simulated-DCP model, per backend: where a GSM8K run spends
+its time, measured without lm-eval (one prefill, then greedy steps of the model's forward).
 
-    python -m dcp_a2a.evals.bench_step --model smollm2 --batch-size 8 --context 900 --steps 16
-    python -m dcp_a2a.evals.bench_step --model qwen2.5-coder-1.5b --dtype bfloat16 \\
-        --batch-size 256 --context 900 --steps 32 --legacy --profile 2
+    python benchmarks/benchmark_eval_decode_step.py --model smollm2 --batch-size 8 \\
+        --context 900 --steps 16
+    python benchmarks/benchmark_eval_decode_step.py --model qwen2.5-coder-1.5b \\
+        --dtype bfloat16 --batch-size 256 --context 900 --steps 32 --profile 2
 
 The prompt is ``--batch-size`` rows of ``--context`` random tokens (no padding); it is
 prefilled once (SDPA, unsharded: what ``shard=decode`` does) and each configuration starts
 from a copy of that cache, so every configuration decodes the same steps. Per backend: the
-median wall and process-CPU milliseconds of a decode step. ``--legacy`` also times the path
-the speed-up replaced (tests/e2e/legacy_dcp_attention.py: a checkout only) with transformers'
-DynamicCache, and says whether its greedy tokens equal today's. ``--profile K`` prints
+median wall and process-CPU milliseconds of a decode step, with the KV cache ``--kv-cache``
+(the evals' preallocated cache, or transformers' DynamicCache). ``--profile K`` prints
 torch.profiler's top operators over K steps of each configuration (CPU and, on a GPU, CUDA
-time). Writes ``bench_step.json`` under ``--out``.
+time). Writes ``decode_step.json`` (the rows, and the run: card, commit, command) and
+``decode_step.md`` (what it printed) under ``--out``.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 from pathlib import Path
@@ -27,29 +27,21 @@ import dcp_a2a.evals  # noqa: F401  (dcp_a2a before transformers)
 
 import torch
 
-from .inputs import (ArgumentParser, HelpFormatter, MissingInput, check_device, check_out_dir,
-                     comma_list, fail, positive_int, require_module)
-from .model import EVALS_EXTRA, add_model_arguments, dtype_arg, resolve_model
+from dcp_a2a.evals.inputs import (ArgumentParser, HelpFormatter, MissingInput, check_device,
+                                  check_out_dir, comma_list, fail, positive_int, require_module)
+from dcp_a2a.evals.model import EVALS_EXTRA, add_model_arguments, dtype_arg, resolve_model
 
-PROG = "python -m dcp_a2a.evals.bench_step"
+import _run
+
+PROG = "python benchmarks/benchmark_eval_decode_step.py"
 BACKENDS = ("reference", "packed", "two_collective", "ag_rs")
-
-
-def _legacy():
-    """The frozen pre-speed-up path, importable from a checkout's root."""
-    try:
-        from tests.e2e import legacy_dcp_attention
-    except ImportError:
-        raise MissingInput("--legacy needs tests/e2e/legacy_dcp_attention.py (a checkout)",
-                           f"run {PROG} from the root of the dcp_a2a checkout") from None
-    return legacy_dcp_attention
 
 
 def _cache_from(model, snapshot, kind: str, capacity: int):
     """A fresh cache holding the prefilled keys/values ``snapshot`` ([(k, v)] per layer)."""
     from transformers import DynamicCache
 
-    from .kv_cache import PreallocatedCache
+    from dcp_a2a.evals.kv_cache import PreallocatedCache
 
     cache = PreallocatedCache(model.config, capacity) if kind == "preallocated" else None
     if cache is None:
@@ -87,20 +79,16 @@ def _steps(model, cache, first, mask, steps: int, sync, profile: int = 0):
 
 
 def run(args) -> dict:
-    from contextlib import nullcontext
-    from unittest import mock
-
     from transformers import DynamicCache
 
-    from . import dcp_attention as da
-    from .model import load_model
+    from dcp_a2a.evals import dcp_attention as da
+    from dcp_a2a.evals.model import load_model
 
     import warnings
 
     # newer transformers name it cache= and warn on past_key_values=, which all still take
     warnings.filterwarnings("ignore", message=".*past_key_values.*deprecated",
                             category=FutureWarning)
-    legacy = _legacy() if args.legacy else None
     if args.threads:
         torch.set_num_threads(args.threads)
     dev = args.device
@@ -125,49 +113,31 @@ def run(args) -> dict:
     del cache
     capacity = args.context + args.steps + 1
     rows = []
-    paths = [("today", args.kv_cache)] + ([("legacy", "dynamic")] if legacy else [])
     for backend in args.backends:
         if backend == "reference":
             da.detach_dcp(model)
         else:
             da.attach_dcp(model, da.DCPSettings(world_size=args.dcp_size, backend=backend,
                                                 lse_base=args.lse_base, combine=args.combine))
-        got = {path: {"wall": [], "cpu": [], "tokens": None} for path, _ in paths}
-        profiles = {}
-        for rnd in range(args.rounds):  # the paths alternate: drifting load hits both alike
-            for path, kind in paths:
-                patch = (mock.patch.object(da, "dcp_attention", legacy.dcp_attention)
-                         if path == "legacy" else nullcontext())
-                with patch:
-                    c = _cache_from(model, snapshot, kind, capacity)
-                    wall, cpu, toks, prof = _steps(model, c, first, mask, args.steps, sync,
-                                                   args.profile if rnd == 0 else 0)
-                del c
-                got[path]["wall"] += wall[1:]  # the first step pays one-off allocations
-                got[path]["cpu"] += cpu[1:]
-                got[path]["tokens"] = toks
-                if prof is not None:
-                    profiles[path] = prof
+        wall_ms, cpu_ms, prof = [], [], None
+        for rnd in range(args.rounds):
+            c = _cache_from(model, snapshot, args.kv_cache, capacity)
+            wall, cpu, _, p = _steps(model, c, first, mask, args.steps, sync,
+                                     args.profile if rnd == 0 else 0)
+            del c
+            wall_ms += wall[1:]  # the first step pays one-off allocations
+            cpu_ms += cpu[1:]
+            prof = prof or p
         da.detach_dcp(model)
-        for path, kind in paths:
-            g_ = got[path]
-            row = {"backend": backend, "path": path, "kv_cache": kind,
-                   "steps": len(g_["wall"]), "median_ms": statistics.median(g_["wall"]),
-                   "mean_ms": statistics.fmean(g_["wall"]),
-                   "median_cpu_ms": statistics.median(g_["cpu"])}
-            if path == "legacy":
-                row["same_tokens_as_today"] = bool(torch.equal(g_["tokens"],
-                                                               got["today"]["tokens"]))
-            rows.append(row)
-            print(f"{backend:15s} {path:6s} ({kind:12s}): {row['median_ms']:8.1f} ms/step "
-                  f"median wall, {row['median_cpu_ms']:8.1f} ms CPU"
-                  + (f"; same tokens as today: {row['same_tokens_as_today']}"
-                     if path == "legacy" else ""), flush=True)
-            if path in profiles:
-                key = ("self_cuda_time_total" if torch.cuda.is_available()
-                       else "self_cpu_time_total")
-                print(profiles[path].key_averages().table(sort_by=key, row_limit=15),
-                      flush=True)
+        row = {"backend": backend, "kv_cache": args.kv_cache, "steps": len(wall_ms),
+               "median_ms": statistics.median(wall_ms), "mean_ms": statistics.fmean(wall_ms),
+               "median_cpu_ms": statistics.median(cpu_ms)}
+        rows.append(row)
+        print(f"{backend:15s} ({args.kv_cache:12s}): {row['median_ms']:8.1f} ms/step median "
+              f"wall, {row['median_cpu_ms']:8.1f} ms CPU", flush=True)
+        if prof is not None:
+            key = "self_cuda_time_total" if torch.cuda.is_available() else "self_cpu_time_total"
+            print(prof.key_averages().table(sort_by=key, row_limit=15), flush=True)
     cfg = {k: ",".join(v) if isinstance(v, list) else v for k, v in vars(args).items()}
     return {"config": cfg, "device_name": (torch.cuda.get_device_name(dev)
                                             if dev.startswith("cuda") else "cpu"),
@@ -189,13 +159,10 @@ def parser() -> argparse.ArgumentParser:
                     help="auto = Triton on CUDA, the reference wire path on the CPU")
     ap.add_argument("--dtype", default="float32", type=dtype_arg, help="model dtype")
     ap.add_argument("--kv-cache", default="preallocated", choices=("preallocated", "dynamic"),
-                    help="today's path's KV cache")
-    ap.add_argument("--legacy", action="store_true",
-                    help="also time the pre-speed-up path (tests/e2e/legacy_dcp_attention.py, "
-                         "DynamicCache) and compare its greedy tokens with today's")
+                    help="the KV cache the steps run with")
     ap.add_argument("--rounds", type=positive_int, default=2,
-                    help="rounds of --steps per configuration, today's and the legacy path "
-                         "alternating (steps after a round's first are timed)")
+                    help="rounds of --steps per configuration (steps after a round's first "
+                         "are timed)")
     ap.add_argument("--threads", type=int, default=0,
                     help="torch CPU threads (0: torch's default); 1 makes the CPU time per "
                          "step a steadier measure on a shared machine")
@@ -204,7 +171,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
                     help="torch device")
     add_model_arguments(ap)
-    ap.add_argument("--out", default="out/bench_step", help="output directory")
+    ap.add_argument("--out", default="out/decode_step", help="output directory")
     return ap
 
 
@@ -221,14 +188,13 @@ def main(argv=None) -> dict:
     try:
         require_module("transformers", "transformers is not installed", EVALS_EXTRA)
         resolve_model(args.model, args.pretrained, args.gguf_file)
-        if args.legacy:
-            _legacy()
     except MissingInput as e:
         fail(PROG, e)
-    report = run(args)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "bench_step.json").write_text(json.dumps(report, indent=2))
+    with _run.recorded(out / "decode_step.json", "eval_decode_step") as save:
+        report = run(args)
+        save(report)
     return report
 
 

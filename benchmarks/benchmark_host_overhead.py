@@ -1,10 +1,10 @@
-"""Host time of one eager call (issue 47), without the kernels: pack_send, unpack_combine and
+"""Host time of one eager call, without the kernels: pack_send, unpack_combine and
 lse_reduce (packed, a group of one) with every Triton launch replaced by a no-op and every kept
 launch (``launch.Site``) by one that launches nothing, so what is timed is our own host work
 (argument checks, kept keys, staging views, the launch table, building the launch's arguments)
 and not Triton's launcher nor the GPU. Runs on a CPU machine.
 
-    python docs/perf_data/host_overhead.py [OUT.json] [--calls 20000] [--repeats 7] [--profile]
+    python benchmarks/benchmark_host_overhead.py [OUT.json] [--calls 20000] [--repeats 7] [--profile]
 
 CPU tensors, with the launch table's compiled rules (the GPU's) in force: ``tuning`` is handed
 an ``_env`` that says "compiled" while the argument checks keep the interpreter's (they would
@@ -14,10 +14,8 @@ own time for each op. The numbers are this machine's: compare before and after o
 """
 from __future__ import annotations
 
-import argparse
 import cProfile
 import io
-import json
 import platform
 import pstats
 import statistics
@@ -29,6 +27,8 @@ import torch
 import dcp_a2a
 from dcp_a2a.kernels import combine, pack, tuning
 from dcp_a2a.wire import lse_pack_dim
+
+import _run
 
 
 class _NoLaunch:
@@ -102,12 +102,17 @@ def profile(fn, calls):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("out", nargs="?", default=None, help="JSON report")
-    ap.add_argument("--calls", type=int, default=20000)
-    ap.add_argument("--repeats", type=int, default=7)
+    ap = _run.parser(__doc__, "benchmark_host_overhead.py")
+    _run.add_out(ap, required=False)
+    ap.add_argument("--calls", type=_run.positive_int, default=20000)
+    ap.add_argument("--repeats", type=_run.positive_int, default=7)
     ap.add_argument("--profile", action="store_true")
     args = ap.parse_args(argv)
+    with _run.recorded(args.out, "host_overhead") as save:
+        measure(args, save)
+
+
+def measure(args, save):
     saved = ([(m, k, getattr(m, k)) for m, k in KERNELS] + [(m, "bind", m.bind) for m in BINDS]
              + [(tuning, "_env", tuning._env)])
     for m, k in KERNELS:
@@ -129,11 +134,9 @@ def main(argv=None):
     finally:
         for m, k, v in saved:
             setattr(m, k, v)
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump({"machine": platform.processor() or platform.machine(),
-                       "python": platform.python_version(), "torch": torch.__version__,
-                       "calls": args.calls, "repeats": args.repeats, "rows": rows}, f, indent=1)
+    save({"machine": platform.processor() or platform.machine(),
+          "python": platform.python_version(), "torch": torch.__version__,
+          "calls": args.calls, "repeats": args.repeats, "rows": rows})
 
 
 if __name__ == "__main__":

@@ -1,6 +1,5 @@
 """The fp32 D=512 pack from 16k rows up with 16-byte wire stores, two ways, next to the table,
-the straightforward kernel and copies of the same bytes, in interleaved rounds
-(docs/perf_history.md, ninth pass).
+the straightforward kernel and copies of the same bytes, in interleaved rounds.
 
 Why: there a wire row is 513 words, so it starts on no 16-byte boundary and the row kernel
 stores single words; the slab kernel stores 16-byte vectors but loads two aligned source
@@ -26,18 +25,20 @@ box [g, k*513 + c*256] of it.
 Every variant's bytes are checked against the straightforward kernel's first (copies against
 their source).
 
-    python docs/perf_data/pack_aligned_stores.py --check   (the unaligned boxes, small problems)
-    python docs/perf_data/pack_aligned_stores.py OUT.json BUDGET_SECONDS gather|tma
-        (on an sm90 GPU; PYTHONPATH=.; PACK_TMA_UNALIGNED=1 adds the unaligned boxes)
+    python benchmarks/benchmark_pack_aligned_stores.py --check   (the unaligned boxes, small
+        problems, on the GPU)
+    python benchmarks/benchmark_pack_aligned_stores.py OUT.json gather|tma [--budget SECONDS]
+        (on an sm90 GPU; PACK_TMA_UNALIGNED=1 adds the unaligned boxes)
 """
-import json, os, statistics, sys, time
+import os, statistics, time
 import torch
 import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 from dcp_a2a.testing.bench import copy_bandwidth, timed_rounds
 from _rounds import check_bytes, copy_pair, fp32_d512_points, point_runs, pack_point, packs
-from copy_roofline import triton_copy
+from benchmark_copy_bandwidth import triton_copy
+import _run
 
 ROW = tl.constexpr(513)      # wire words a row (512 data + the LSE)
 GROUP = tl.constexpr(4 * 513)
@@ -188,8 +189,30 @@ UNALIGNED = os.environ.get("PACK_TMA_UNALIGNED") == "1"
 GATHER = ((4, 1), (4, 2), (4, 4), (8, 2), (8, 4), (16, 4), (16, 8))
 
 
-def main():
-    t0, budget, part = time.time(), float(sys.argv[2]), sys.argv[3]
+def parser():
+    ap = _run.parser(__doc__, "benchmark_pack_aligned_stores.py")
+    _run.add_out(ap, required=False)
+    ap.add_argument("part", nargs="?", choices=("gather", "tma"))
+    ap.add_argument("--budget", type=_run.positive_float, default=300.0,
+                    help="seconds of points (the rest are skipped)")
+    ap.add_argument("--check", action="store_true",
+                    help="only check the unaligned boxes' bytes on small problems")
+    return ap
+
+
+def main(argv=None):
+    ap = parser()
+    args = ap.parse_args(argv)
+    if args.check:
+        return check_small()
+    if args.out is None or args.part is None:
+        ap.error("OUT.json and a part (gather or tma) are needed without --check")
+    with _run.recorded(args.out, "pack_aligned_stores") as save:
+        measure(save, args.budget, args.part)
+
+
+def measure(save, budget, part):
+    t0 = time.time()
     copy = copy_bandwidth(1 << 30)
     pts = fp32_d512_points(16384)
     rows = []
@@ -230,8 +253,7 @@ def main():
         print(f"{b} {h} {n} rows {b * h}: sf {us['sf']:.2f} table/sf {us['table'] / us['sf']:.3f} "
               f"copy_/sf {us['copy_'] / us['sf']:.3f} best {best}/sf {us[best] / us['sf']:.3f} | "
               + " ".join(f"{k} {v:.2f}" for k, v in us.items()), flush=True)
-        json.dump(dict(device=torch.cuda.get_device_name(), copy_gbps=copy, rows=rows),
-                  open(sys.argv[1], "w"), indent=1)
+        save(dict(device=torch.cuda.get_device_name(), copy_gbps=copy, rows=rows))
     for k in dict.fromkeys(k for r in rows for k in r["us"]):  # some run at some points only
         rs = [r["over_sf"][k] for r in rows if k in r["over_sf"]]
         print(f"{k:12s} / sf: median {statistics.median(rs):.3f} max {max(rs):.3f} "
@@ -240,4 +262,4 @@ def main():
 
 
 if __name__ == "__main__":
-    check_small() if sys.argv[1] == "--check" else main()
+    main()

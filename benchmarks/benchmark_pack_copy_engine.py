@@ -1,6 +1,5 @@
-"""The fp32 D=512 pack from 16k rows up by the GPU's copy engines instead of a kernel
-(docs/perf_history.md, tenth pass), next to the table, the straightforward kernel and ``copy_``
-of the same bytes, in interleaved rounds.
+"""The fp32 D=512 pack from 16k rows up by the GPU's copy engines instead of a kernel, next to
+the table, the straightforward kernel and ``copy_`` of the same bytes, in interleaved rounds.
 
 Why: there every kernel tried runs at a Triton copy's speed and ``copy_`` (the driver's
 device-to-device memcpy) is 2-5 % faster still. If ``copy_`` is a copy-engine transfer, the
@@ -18,12 +17,13 @@ one small strided copy of its own.
 The first point also lists what the profiler sees for ``copy_`` and ``ce_rows`` (a kernel or a
 memcpy). Every checked variant's bytes are compared with the straightforward kernel's first.
 
-    python docs/perf_data/pack_copy_engine.py OUT.json BUDGET_SECONDS   (on a GPU; PYTHONPATH=.)
+    python benchmarks/benchmark_pack_copy_engine.py OUT.json [--budget SECONDS]   (on a GPU)
 """
-import ctypes, json, statistics, sys, time
+import ctypes, statistics, time
 import torch
 from dcp_a2a.testing.bench import copy_bandwidth, timed_rounds
 from _rounds import check_bytes, copy_pair, fp32_d512_points, point_runs, packs
+import _run
 
 
 class _Memcpy3D(ctypes.Structure):
@@ -38,9 +38,14 @@ class _Memcpy3D(ctypes.Structure):
 
 
 _DEVICE = 2  # CU_MEMORYTYPE_DEVICE
-_cuda = ctypes.CDLL("libcuda.so.1")
-_cuda.cuMemcpy3DAsync_v2.argtypes = [ctypes.POINTER(_Memcpy3D), ctypes.c_void_p]
-_cuda.cuMemcpy3DAsync_v2.restype = ctypes.c_int
+
+
+def _driver():
+    """The CUDA driver's 3-D memcpy (loaded on first use: ``--help`` needs no GPU)."""
+    cuda = ctypes.CDLL("libcuda.so.1")
+    cuda.cuMemcpy3DAsync_v2.argtypes = [ctypes.POINTER(_Memcpy3D), ctypes.c_void_p]
+    cuda.cuMemcpy3DAsync_v2.restype = ctypes.c_int
+    return cuda
 
 
 def _peer_copies(out, send):
@@ -63,11 +68,12 @@ def _peer_copies(out, send):
 
 def ce_rows(out, send):
     descs = _peer_copies(out, send)
+    cuda = _driver()
 
     def run():
         stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
         for c in descs:
-            rc = _cuda.cuMemcpy3DAsync_v2(ctypes.byref(c), stream)
+            rc = cuda.cuMemcpy3DAsync_v2(ctypes.byref(c), stream)
             if rc:
                 raise RuntimeError(f"cuMemcpy3DAsync: CUresult {rc}")
     return run
@@ -105,8 +111,22 @@ def profile_names(fns):
     return names
 
 
-def main():
-    t0, budget = time.time(), float(sys.argv[2])
+def parser():
+    ap = _run.parser(__doc__, "benchmark_pack_copy_engine.py")
+    _run.add_out(ap)
+    ap.add_argument("--budget", type=_run.positive_float, default=300.0,
+                    help="seconds of points (the rest are skipped)")
+    return ap
+
+
+def main(argv=None):
+    args = parser().parse_args(argv)
+    with _run.recorded(args.out, "pack_copy_engine") as save:
+        measure(save, args.budget)
+
+
+def measure(save, budget):
+    t0 = time.time()
     copy = copy_bandwidth(1 << 30)
     rows, names = [], None
     for (b, h, n, d, dt), (p, hpr, out, lse, send, nbytes, ref) in point_runs(
@@ -129,8 +149,8 @@ def main():
         print(f"{b} {h} {n} rows {b * h}: " + " ".join(f"{k} {v:.2f}" for k, v in us.items())
               + " | /sf " + " ".join(f"{k} {us[k] / us['sf']:.3f}" for k in variants if k != "sf"),
               flush=True)
-        json.dump(dict(device=torch.cuda.get_device_name(), copy_gbps=copy, profiler=names,
-                       rows=rows), open(sys.argv[1], "w"), indent=1)
+        save(dict(device=torch.cuda.get_device_name(), copy_gbps=copy, profiler=names,
+                  rows=rows))
     for k in [k for k in rows[0] if k.endswith("_over_sf")]:
         rs = [r[k] for r in rows]
         print(f"{k}: median {statistics.median(rs):.3f} min {min(rs):.3f} max {max(rs):.3f}")

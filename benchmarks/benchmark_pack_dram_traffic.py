@@ -1,21 +1,24 @@
-"""Where the fp32 D=512 pack's time goes from 16k rows up, by the hardware counters
-(docs/perf_history.md, ninth pass): each launch below runs twice (compile, then the one read),
+"""Where the fp32 D=512 pack's time goes from 16k rows up, by the hardware counters: each launch
+below runs twice (compile, then the one read),
 under Nsight Compute, and the counters of the second are read: DRAM bytes each way, L2 sectors
 and requests each way, the warps resident. The launches: the straightforward kernel, the
 table's, a few of the sweeps' losers, and a plain Triton copy of as many bytes (the floor).
 
     ncu --clock-control none -k regex:'_pack|_copy' --csv \\
-        --metrics $(python docs/perf_data/pack_ncu.py metrics) \\
-        python docs/perf_data/pack_ncu.py run LABELS.json    (PYTHONPATH=. from the checkout)
-    python docs/perf_data/pack_ncu.py check   (the variants' bytes, outside the profiler)
-    python docs/perf_data/pack_ncu.py table LABELS.json NCU.csv OUT.json
+        --metrics $(python benchmarks/benchmark_pack_dram_traffic.py metrics) \\
+        python benchmarks/benchmark_pack_dram_traffic.py run LABELS.json > NCU.csv
+    python benchmarks/benchmark_pack_dram_traffic.py check   (the variants' bytes, outside the
+        profiler)
+    python benchmarks/benchmark_pack_dram_traffic.py table LABELS.json NCU.csv OUT.json
 
 ncu flushes the caches before each launch it reads (``--cache-control all``, its default): a
 cold L2. With ``--cache-control none --replay-mode application`` the read launch follows its
 compile launch as the benchmark's back-to-back calls follow each other: the L2 then holds the
 last call's dirty wire lines, which this call's traffic must write back.
 """
-import csv, json, sys
+import csv, json
+
+import _run
 
 METRICS = ("gpu__time_duration.sum", "dram__bytes_read.sum", "dram__bytes_write.sum",
            "lts__t_sectors_op_read.sum", "lts__t_sectors_op_write.sum",
@@ -29,7 +32,7 @@ def run(labels_path, check=False):
     straightforward kernel's, outside the profiler: its launches would be read too)."""
     import torch
     from dcp_a2a.kernels import tuning
-    from copy_roofline import triton_copy
+    from benchmark_copy_bandwidth import triton_copy
     from _rounds import check_bytes, copy_pair, pack_point, pack_under, packs
 
     labels = []
@@ -59,6 +62,11 @@ def run(labels_path, check=False):
 
 
 def table(labels_path, csv_path, out_path):
+    with _run.recorded(out_path, "pack_dram_traffic") as save:
+        _table(labels_path, csv_path, save)
+
+
+def _table(labels_path, csv_path, save):
     labels = json.load(open(labels_path))
     lines = [l for l in open(csv_path).read().splitlines() if l.startswith('"')]  # not ==PROF==
     by_id = {}
@@ -87,9 +95,33 @@ def table(labels_path, csv_path, out_path):
               f"{m['lts__t_requests_op_write.sum'] / 1e3:.0f}k  warps "
               f"{m['sm__warps_active.avg.pct_of_peak_sustained_active']:.0f}%  dram "
               f"{m['dram__throughput.avg.pct_of_peak_sustained_elapsed']:.0f}%")
-    json.dump(rows, open(out_path, "w"), indent=1)
+    save({"rows": rows})
+
+
+def parser():
+    ap = _run.parser(__doc__, "benchmark_pack_dram_traffic.py")
+    sub = ap.add_subparsers(dest="step", required=True)
+    sub.add_parser("metrics", help="the counters, for ncu's --metrics")
+    sub.add_parser("run", help="each launch twice, under ncu").add_argument("labels")
+    sub.add_parser("check", help="the variants' bytes, outside the profiler")
+    t = sub.add_parser("table", help="ncu's CSV to OUT.json and OUT.md")
+    t.add_argument("labels")
+    t.add_argument("csv")
+    t.add_argument("out", metavar="OUT.json")
+    return ap
+
+
+def main(argv=None):
+    args = parser().parse_args(argv)
+    if args.step == "metrics":
+        print(",".join(METRICS))
+    elif args.step == "run":
+        run(args.labels)
+    elif args.step == "check":
+        run(None, check=True)
+    else:
+        table(args.labels, args.csv, args.out)
 
 
 if __name__ == "__main__":
-    {"run": run, "check": lambda: run(None, check=True), "table": table,
-     "metrics": lambda: print(",".join(METRICS))}[sys.argv[1]](*sys.argv[2:])
+    main()

@@ -1,4 +1,4 @@
-"""Pack in the wire's own order (docs/perf_history.md, fourteenth pass), at the grid's fp32
+"""Pack in the wire's own order, at the grid's fp32
 D=512 points from 16k to 131k rows (B <= 1024), three ways:
 
 * ``pm{heads}x{warps}[_lane]``: the row kernel on a peer-major grid (peer, token, head block),
@@ -10,30 +10,32 @@ D=512 points from 16k to 131k rows (B <= 1024), three ways:
   consecutive words on a 128-byte boundary (four whole 32-byte sectors, as a copy's; a wire row
   of 513 words puts the row kernel's on no such boundary: five sectors, two in part), and its
   load 32 consecutive words of ``out`` shifted by a word a head, which L1 serves. ``_v4``: the
-  compiler's own layout, 16-byte stores and four one-word loads a thread (the ninth pass's
-  gathered stores lost in that layout);
-* ``gather{G}x{warps}`` (a later run of the same pass): a program takes G heads of one peer and
+  compiler's own layout, 16-byte stores and four one-word loads a thread;
+* ``gather{G}x{warps}``: a program takes G heads of one peer and
   token (G % 4 == 0, so their G (D + 1) wire words start on a 16-byte boundary): it loads their
   G D words of ``out`` as 16-byte vectors, and ``tl.gather`` (through shared memory) moves each
   into the lane of its wire word, shifted by a word a head, so the stores are 16-byte vectors
   too; the chunk's last G words (past the power-of-two tile) are loaded and stored alone.
 
 Next to them the table, the straightforward kernel, ``copy_`` of the same bytes and the best plain
-Triton copy of the eighth pass (1024 words a program, 4 warps). Interleaved rounds; every pack's
+Triton copy of ``benchmark_copy_bandwidth.py`` (1024 words a program, 4 warps). Interleaved rounds; every pack's
 wire bytes are checked against the straightforward kernel's, and the copies' against their
 source, first.
 
-    python docs/perf_data/pack_wire_order.py OUT.json [ROUNDS] [MIN_ROWS MAX_ROWS]
-        [--families=pm,flat,gather]
-        (on a GPU; PYTHONPATH=. from the checkout; --check: the kernels' bytes on small shapes,
-        which Triton's interpreter can run)
+    python benchmarks/benchmark_pack_wire_order.py OUT.json [--rounds 3] [--rows MIN MAX]
+        [--families pm,flat,gather]   (on a GPU)
+    python benchmarks/benchmark_pack_wire_order.py --check   (the kernels' bytes on small
+        shapes, in Triton's interpreter on a CPU: seconds)
 """
-import json, statistics, sys
+import argparse
+import statistics
 import torch
 import triton
 import triton.language as tl
 from dcp_a2a.kernels.pack import write_rows
 from dcp_a2a.testing import straightforward as sf
+
+import _run
 
 
 @triton.jit
@@ -182,16 +184,43 @@ def self_check():
     print("peer-major, flat and gather packs: bytes equal to the straightforward kernel's")
 
 
-def main():
-    from copy_roofline import triton_copy
+def _families(value):
+    names = tuple(value.split(","))
+    if not names or not set(names) <= set(FAMILIES):
+        raise argparse.ArgumentTypeError(f"expected some of {','.join(FAMILIES)}, "
+                                              f"got {value!r}")
+    return names
+
+
+def parser():
+    ap = _run.parser(__doc__, "benchmark_pack_wire_order.py")
+    _run.add_out(ap, required=False)
+    ap.add_argument("--rounds", type=_run.positive_int, default=3, help="interleaved rounds")
+    ap.add_argument("--rows", nargs=2, type=_run.positive_int, default=(16384, 131072),
+                    metavar=("MIN", "MAX"), help="grid points of MIN to MAX rows B x H")
+    ap.add_argument("--families", type=_families, default=FAMILIES,
+                    help="comma-separated: pm, flat, gather")
+    ap.add_argument("--check", action="store_true",
+                    help="only check every variant's bytes on small shapes (any machine)")
+    return ap
+
+
+def main(argv=None):
+    ap = parser()
+    args = ap.parse_args(argv)
+    if args.check:
+        return self_check()
+    if args.out is None:
+        ap.error("OUT.json is needed without --check")
+    with _run.recorded(args.out, "pack_wire_order") as save:
+        measure(save, args.rounds, *args.rows, args.families)
+
+
+def measure(save, rounds, lo, hi, families):
+    from benchmark_copy_bandwidth import triton_copy
     from _rounds import check_bytes, copy_pair, fp32_d512_points, packs, point_runs
     from dcp_a2a.testing.bench import copy_bandwidth, timed_rounds
 
-    a = [x for x in sys.argv if not x.startswith("--families=")]
-    fam = [x.split("=", 1)[1].split(",") for x in sys.argv if x.startswith("--families=")]
-    families = fam[0] if fam else FAMILIES
-    rounds = int(a[2]) if len(a) > 2 else 3
-    lo, hi = (int(a[3]), int(a[4])) if len(a) > 4 else (16384, 131072)
     copy = copy_bandwidth(1 << 30)
     pts = [p for p in fp32_d512_points(lo) if p[0] * p[1] <= hi and p[0] <= 1024]
     rows = []
@@ -211,8 +240,8 @@ def main():
               f"{best} {med[best] / c:.3f} tl1024x4 {med['tl1024x4'] / c:.3f} (x copy_ "
               f"{c:.2f} us) | table/sf {med['table'] / med['sf']:.3f} {best}/sf "
               f"{med[best] / med['sf']:.3f} target/copy_ {0.95 * med['sf'] / c:.3f}", flush=True)
-        json.dump(dict(device=torch.cuda.get_device_name(), copy_gbps=copy, rounds=rounds,
-                       families=list(families), points=rows), open(a[1], "w"), indent=1)
+        save(dict(device=torch.cuda.get_device_name(), copy_gbps=copy, rounds=rounds,
+                  families=list(families), points=rows))
     names = [k for k in rows[0]["median_us"] if k != "sf"]
     q = {k: [r["median_us"][k] / r["median_us"]["sf"] for r in rows] for k in names}
     for k in sorted(names, key=lambda k: statistics.median(q[k])):
@@ -221,4 +250,4 @@ def main():
 
 
 if __name__ == "__main__":
-    self_check() if sys.argv[1:2] == ["--check"] else main()
+    main()

@@ -1,12 +1,13 @@
 """Is the engine-design baseline the engine's kernel? Compile both for one GPU target and
-compare their PTX instruction by instruction (issue 47). Needs no GPU: Triton compiles to PTX
-on any machine.
+compare their PTX instruction by instruction. Needs no GPU: Triton compiles to PTX on any
+machine.
 
-    python docs/perf_data/engine_ptx_diff.py /tmp/vllm_dcp.py [--arch 90]
+    python benchmarks/diff_engine_ptx.py /tmp/vllm_dcp.py [--arch 90]
 
-FILE is vLLM's published ``vllm/v1/attention/ops/dcp.py`` (``vllm_side_by_side.py`` says where
-to get it); only ``_dcp_a2a_unpack_combine_kernel`` is read from it, by name. For each
-(D, wire lanes, N, dtype) of the issue's 17 rows, both kernels are compiled as their wrappers
+FILE is vLLM's published ``vllm/v1/attention/ops/dcp.py`` (``pip download --no-deps
+vllm==0.34.0``, then ``unzip -p`` it out of the wheel); only ``_dcp_a2a_unpack_combine_kernel``
+is read from it, by name. For each (D, wire lanes, N, dtype) of the 17 decode rows, both
+kernels are compiled as their wrappers
 launch them without the LSE (strides as 32-bit integers, the unit head-dim strides as
 constants, no alignment hints: both alike); the instructions are compared after register
 numbers, the kernel's name, line records and debug sections are taken out. Exit status 0 when
@@ -24,7 +25,8 @@ from pathlib import Path
 
 if __name__ == "__main__":  # compile, whatever the machine (set before dcp_a2a's kernels)
     os.environ["TRITON_INTERPRET"] = "0"
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+# the decode rows and vLLM's loader, from the two scripts beside the performance docs
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "docs" / "perf_data"))
 
 import torch  # noqa: E402
 import triton  # noqa: E402
@@ -77,7 +79,8 @@ def pair(engine, d, p, n, dtype, arch):
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python benchmarks/diff_engine_ptx.py", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("engine_file", help="vLLM's vllm/v1/attention/ops/dcp.py")
     ap.add_argument("--arch", type=int, default=90, help="compute capability, e.g. 90")
     args = ap.parse_args(argv)
