@@ -88,7 +88,8 @@ def header(benchmark: str, run: dict) -> str:
              f"- card: {run['card']}", f"- commit: {commit}", f"- date: {run['date']}",
              f"- command: `{run['command']}`"]
     if run.get("torch"):
-        lines.append(f"- torch {run['torch']}, Triton {run.get('triton')}")
+        lines.append(f"- torch {run['torch']}"
+                     + (f", Triton {run['triton']}" if run.get("triton") else ""))
     if run.get("note"):
         lines.append(f"- note: {run['note']}")
     return "\n".join(lines) + "\n"
@@ -122,6 +123,7 @@ def recorded(out: str | Path | None, benchmark: str):
         if out is None:
             return
         body = {**data, "run": run} if isinstance(data, dict) else {"rows": data, "run": run}
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
         Path(out).write_text(json.dumps(body, indent=1) + "\n")
         saved.append(True)
 
