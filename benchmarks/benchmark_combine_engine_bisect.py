@@ -25,7 +25,8 @@ The registers and spills of every kernel compiled are printed and kept (Triton's
 Tried beside it (docs/perf_history.md): ours with each rank's tile loaded where it is added
 (ptxas hoisted the loads anyway, the same SASS) and with a thread's registers capped (maxnreg
 128/64/48/32 at 1/2/2/4 warps, where every program of 2048 rows would fit the SMs at once:
-spills, 2-3 x the engine design). The same interleaved rounds of CUDA-graph replays as the grid (``bench.timed_rounds``); every
+spills, 2-3 x the engine design). The same interleaved rounds of CUDA-graph replays as the
+grid (``bench.timed_rounds``); every
 variant's output is checked against ours within 2^-6 first. Prints the median per-round ratio
 of each variant over the engine design per point; the JSON keeps every round.
 """

@@ -4,7 +4,8 @@ launch (``launch.Site``) by one that launches nothing, so what is timed is our o
 (argument checks, kept keys, staging views, the launch table, building the launch's arguments)
 and not Triton's launcher nor the GPU. Runs on a CPU machine.
 
-    python benchmarks/benchmark_host_overhead.py [OUT.json] [--calls 20000] [--repeats 7] [--profile]
+    python benchmarks/benchmark_host_overhead.py [OUT.json] [--calls 20000] [--repeats 7]
+        [--profile]
 
 CPU tensors, with the launch table's compiled rules (the GPU's) in force: ``tuning`` is handed
 an ``_env`` that says "compiled" while the argument checks keep the interpreter's (they would
