@@ -23,10 +23,23 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
+# the command line of this run, as the benchmark's parser read it ("python benchmarks/x.py ...")
+_COMMAND: list[str] = []
+
+
+class _Parser(argparse.ArgumentParser):
+    def parse_args(self, args=None, namespace=None):
+        argv = sys.argv[1:] if args is None else list(args)
+        ns = super().parse_args(argv, namespace)
+        _COMMAND[:] = self.prog.split() + argv
+        return ns
+
+
 def parser(doc: str, prog: str) -> argparse.ArgumentParser:
-    """The argparse parser of a benchmark: its module docstring as the description."""
-    return argparse.ArgumentParser(prog=f"python benchmarks/{prog}", description=doc,
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+    """The argparse parser of a benchmark: its module docstring as the description; what it
+    parses is the command its result files record."""
+    return _Parser(prog=f"python benchmarks/{prog}", description=doc,
+                   formatter_class=argparse.RawDescriptionHelpFormatter)
 
 
 def positive_int(value: str) -> int:
@@ -62,7 +75,8 @@ def card() -> str:
 
 
 def provenance(argv: list[str] | None = None) -> dict:
-    """What a result file says about its run."""
+    """What a result file says about its run: ``argv`` is its command (default: the command
+    the benchmark's parser read)."""
     import torch
 
     try:
@@ -72,10 +86,10 @@ def provenance(argv: list[str] | None = None) -> dict:
         triton_version = None
     commit = _git("rev-parse", "HEAD")
     changed = bool(_git("status", "--porcelain", "--untracked-files=no"))
-    argv = sys.argv if argv is None else argv
+    argv = (_COMMAND or ["python", *sys.argv]) if argv is None else argv
     return {"card": card(), "commit": commit, "local_changes": changed,
             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"),
-            "command": "python " + " ".join(shlex.quote(a) for a in argv),
+            "command": shlex.join(argv),
             "torch": torch.__version__, "triton": triton_version}
 
 

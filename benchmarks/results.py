@@ -2,12 +2,14 @@
 ``docs/results/<benchmark>/<card>.json`` (every run's card, commit, date and command are in the
 file; the table it printed is in the ``.md`` beside it).
 
-    python benchmarks/results.py                       the summary table (markdown)
-    python benchmarks/results.py --write docs/perf.md  put it between the markers in the doc
-    python benchmarks/results.py --check docs/perf.md  exit 1 if the doc's table is not this one
+    python benchmarks/results.py                        the performance table (markdown)
+    python benchmarks/results.py --evals                the evals' table
+    python benchmarks/results.py --write docs/perf.md   put its table between the doc's markers
+    python benchmarks/results.py --check docs/evals.md  exit 1 if the doc's table is not this one
 
-Only the measurements that say where the product stands have a row (``HEADLINES``); the
-results of the investigations behind the launch table are listed in ``benchmarks/README.md``.
+docs/perf.md gets the performance table, docs/evals.md the evals' (GSM8K, logit parity). Only
+the measurements that say where the product stands have a row (``HEADLINES``); the results of
+the investigations behind the launch table are listed in ``benchmarks/README.md``.
 """
 
 from __future__ import annotations
@@ -141,6 +143,63 @@ HEADLINES = {
 }
 
 
+def _short(label: str) -> str:
+    return label.split(",")[0] if label.count(",") > 1 else label
+
+
+def gsm8k(r: dict) -> str:
+    """Strict-match EM of each run, and of each run paired with the first: McNemar's p and the
+    share of identical generations."""
+    paired = r.get("paired", {})
+    parts = []
+    for run in r["runs"]:
+        em = run["em"]["strict-match"]["em"]
+        p = paired.get(run["backend"])
+        parts.append(f"{_short(run['backend'])} {em:.3f}" + (
+            "" if p is None else f" (p {p['strict-match']['mcnemar_exact_p']:.2g}, "
+            f"{p['identical_generations']:.0%} identical texts)"))
+    against = r.get("against")
+    if against:
+        parts.append(f"against the unsharded run: {against['paired']['identical_generations']:.0%}"
+                     f" identical texts on {against['paired']['n']} questions")
+    n = next((p["n"] for p in paired.values()), None) or (against or {}).get("paired", {}).get("n")
+    return f"strict-match EM{f' ({n} questions)' if n else ''}: " + "; ".join(parts)
+
+
+def logit_parity(r: dict) -> str:
+    rows = r["rows"]
+    parts = []
+    for dtype in dict.fromkeys(x["dtype"] for x in rows):
+        dcp = [x for x in rows if x["dtype"] == dtype and x["lse_base"] in ("e", "2")]
+        floor = [x for x in rows if x["dtype"] == dtype and x not in dcp]
+        parts.append(f"{dtype} max Δlogit {max(x['max_abs_dlogit'] for x in dcp):.2g}, top-1 "
+                     f"≥ {min(x['top1_agreement'] for x in dcp):.4f}" + (
+                         f" (the floor, unsharded float32 → {dtype}: "
+                         f"{floor[0]['max_abs_dlogit']:.2g}, {floor[0]['top1_agreement']:.4f})"
+                         if floor else ""))
+    return f"{rows[0]['positions']} positions: " + "; ".join(parts)
+
+
+def eval_decode_step(r: dict) -> str:
+    rows = [x for x in r["rows"] if x.get("path", "today") == "today"]
+    return ", ".join(f"{x['backend']} {x['median_ms']:.1f}" for x in rows) + " ms a step"
+
+
+EVAL_KINDS = {"gsm8k": ("GSM8K", gsm8k), "logit_parity": ("logit parity", logit_parity),
+              "eval_decode_step": ("decode step", eval_decode_step)}
+
+
+def _eval_rows(results: dict) -> dict:
+    """{benchmark: (what, headline)} of the evals' results, GSM8K first."""
+    out = {}
+    for kind, (title, headline) in EVAL_KINDS.items():
+        for name in sorted(results):
+            if name.startswith(kind):
+                rest = name[len(kind):].strip("_").replace("_", ", ")
+                out[name] = (f"{title}{', ' + rest if rest else ''}", headline)
+    return out
+
+
 # where the results' own commands differ in more than their file (the number of ranks)
 COMMANDS = {"collective": "torchrun --standalone --nproc-per-node N -m dcp_a2a.testing.bench "
                           "--collective --iters 20"}
@@ -154,13 +213,14 @@ def _command(name: str, result: dict) -> str:
                   f"docs/results/{name}/CARD.json", result["run"]["command"])
 
 
-def summary(results: dict | None = None) -> str:
-    """The markdown table: a row per headline benchmark, a column per card."""
+def summary(results: dict | None = None, evals: bool = False) -> str:
+    """The markdown table: a row per headline benchmark (or eval), a column per card."""
     results = load() if results is None else results
-    cards = sorted({c for b in HEADLINES for c in results.get(b, {})}, key=_card_order)
+    rows = _eval_rows(results) if evals else HEADLINES
+    cards = sorted({c for b in rows for c in results.get(b, {})}, key=_card_order)
     head = "| measurement | " + " | ".join(card_label(c) for c in cards) + " | command |"
     lines = [head, "|" + "---|" * (len(cards) + 2)]
-    for name, (what, headline) in HEADLINES.items():
+    for name, (what, headline) in rows.items():
         by_card = results.get(name)
         if not by_card:
             continue
@@ -174,13 +234,16 @@ def summary(results: dict | None = None) -> str:
     return "\n".join(lines)
 
 
-def block(results: dict | None = None) -> str:
-    return f"{BEGIN}\n{summary(results)}\n{END}"
+def block(doc: str | Path = "perf.md", results: dict | None = None) -> str:
+    """The marked table for ``doc``: docs/evals.md gets the evals', any other the performance
+    table."""
+    return f"{BEGIN.replace('docs/perf.md', f'docs/{Path(doc).name}')}\n" \
+        f"{summary(results, evals=Path(doc).name == 'evals.md')}\n{END}"
 
 
 def in_doc(text: str) -> str | None:
     """The generated block in a doc's text, or None."""
-    m = re.search(re.escape(BEGIN) + r".*?" + re.escape(END), text, re.S)
+    m = re.search(re.escape(BEGIN.split("`")[0]) + r".*?" + re.escape(END), text, re.S)
     return m.group(0) if m else None
 
 
@@ -188,6 +251,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python benchmarks/results.py", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     what = ap.add_mutually_exclusive_group()
+    what.add_argument("--evals", action="store_true", help="print the evals' table")
     what.add_argument("--write", type=Path, metavar="DOC",
                       help="replace the table between the markers in DOC")
     what.add_argument("--check", type=Path, metavar="DOC",
@@ -195,19 +259,20 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     doc = args.write or args.check
     if doc is None:
-        print(summary())
+        print(summary(evals=args.evals))
         return 0
     text = doc.read_text()
     old = in_doc(text)
     if old is None:
-        ap.error(f"{doc} has no results table (the markers: {BEGIN!r} ... {END!r})")
+        ap.error(f"{doc} has no results table (the markers: {block(doc).splitlines()[0]!r} ... "
+                 f"{END!r})")
     if args.check:
-        if old != block():
+        if old != block(doc):
             print(f"{doc}: the results table is stale; run python benchmarks/results.py "
                   f"--write {doc}", file=sys.stderr)
             return 1
         return 0
-    doc.write_text(text.replace(old, block()))
+    doc.write_text(text.replace(old, block(doc)))
     return 0
 
 

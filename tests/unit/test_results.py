@@ -44,7 +44,9 @@ def test_a_result_says_where_it_comes_from(path):
     md = path.with_suffix(".md").read_text()
     assert f"- card: {run['card']}" in md and run["commit"] in md, \
         f"{path.with_suffix('.md')} names another run than its JSON"
-    assert "```" in md, "the .md holds the table the run printed"
+    header = md.split("\n\n", 1)
+    assert len(header) == 2 and "|" in header[1] or "```" in md, \
+        "the .md holds the table the run printed after its header"
 
 
 @pytest.mark.parametrize("path", FILES, ids=lambda p: str(p.relative_to(RESULTS)))
@@ -78,13 +80,19 @@ def test_docs_hold_no_result_data_outside_docs_results():
     assert not stray, f"results belong in docs/results/<benchmark>/<card>.json: {stray}"
 
 
-def test_perf_md_shows_the_numbers_the_results_give():
+@pytest.mark.parametrize("doc", ["perf.md", "evals.md"])
+def test_the_docs_show_the_numbers_the_results_give(doc):
+    tool = _results_tool()
+    shown = tool.in_doc((ROOT / "docs" / doc).read_text())
+    assert shown is not None, f"docs/{doc} lost its results table markers"
+    assert shown == tool.block(doc), (f"docs/{doc}'s results table is stale: run "
+                                      f"python benchmarks/results.py --write docs/{doc}")
+
+
+def test_perf_md_opens_with_todays_numbers():
     tool = _results_tool()
     text = (ROOT / "docs" / "perf.md").read_text()
     shown = tool.in_doc(text)
-    assert shown is not None, "docs/perf.md lost its results table markers"
-    assert shown == tool.block(), ("docs/perf.md's table of today's numbers is stale: run "
-                                   "python benchmarks/results.py --write docs/perf.md")
     today = text.index("## Today's numbers")
     assert today == text.index("\n## ") + 1 and today < text.index(shown) < \
         text.index("\n## ", today + 1), "today's numbers are the first section"
@@ -98,12 +106,15 @@ def test_the_table_follows_a_changed_result(tmp_path):
     row = results["decode_vs_vllm"]["h100"]["graph"][0]
     row["ours_over_vllm"] = 0.1234
     assert tool.summary(results) != before and "0.123" in tool.summary(results)
+    evals = tool.summary(results, evals=True)
+    results["gsm8k_qwen2.5-coder-1.5b_float32"]["h100"]["runs"][1]["em"]["strict-match"]["em"] = 0.5
+    assert tool.summary(results, evals=True) != evals
 
 
 def test_results_check_exits_1_on_a_stale_doc(tmp_path, capsys):
     tool = _results_tool()
     doc = tmp_path / "perf.md"
-    doc.write_text(f"# x\n\n{tool.BEGIN}\n| stale |\n{tool.END}\n")
+    doc.write_text(f"# x\n\n{tool.block().splitlines()[0]}\n| stale |\n{tool.END}\n")
     assert tool.main(["--check", str(doc)]) == 1
     assert tool.main(["--write", str(doc)]) == 0 and tool.main(["--check", str(doc)]) == 0
     assert tool.summary() in doc.read_text()
