@@ -68,3 +68,13 @@ def test_conformance_md_lists_the_corpus_that_ships():
         f"and lacks {sorted(set(corpus) - set(listed))}")
     wrong = [n for n in corpus if listed[n] != corpus[n]]
     assert not wrong, f"failure class or GPU need differs from the module's for {wrong}"
+
+
+def test_conformance_md_lists_the_clauses_the_plugin_judges():
+    from dcp_a2a.testing.plugin import CLAUSES
+
+    text = (ROOT / "docs" / "conformance.md").read_text()
+    section = text.split("## Contract clauses", 1)[1].split("\n## ", 1)[0]
+    listed = re.findall(r"^\| ([a-z][a-z -]*[a-z]) \| ", section, re.M)[1:]  # after the head
+    assert listed == list(CLAUSES), f"docs/conformance.md's clauses {listed} are not the " \
+                                    f"plugin's {list(CLAUSES)}"
