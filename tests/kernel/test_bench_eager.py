@@ -57,12 +57,12 @@ def test_capture_launch_records_one_launch_and_runs_nothing(device):
     assert kw["N"] == 2 and len(args) == 16 and len(grid) == 2
 
 
-def _perf_script(name):
-    """docs/perf_data/<name>.py as a module."""
+def _perf_script(name, folder="docs/perf_data"):
+    """<folder>/<name>.py of the checkout as a module."""
     import importlib.util
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[2] / "docs" / "perf_data" / f"{name}.py"
+    path = Path(__file__).resolve().parents[2] / folder / f"{name}.py"
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -231,9 +231,9 @@ _PTX = """//
 
 
 def test_engine_ptx_diff_compares_code_only():
-    """docs/perf_data/engine_ptx_diff.py's normalisation: register numbers, the kernel's name,
+    """benchmarks/diff_engine_ptx.py's normalisation: register numbers, the kernel's name,
     line records and the debug sections do not count; an instruction does."""
-    ptx_diff = _perf_script("engine_ptx_diff")
+    ptx_diff = _perf_script("diff_engine_ptx", "benchmarks")
     a = ptx_diff.instructions(_PTX.format(name="_a_kernel", n=3, op="and.b32"), "_a_kernel")
     b = ptx_diff.instructions(_PTX.format(name="_b", n=7, op="and.b32"), "_b")
     c = ptx_diff.instructions(_PTX.format(name="_b", n=7, op="or.b32"), "_b")
