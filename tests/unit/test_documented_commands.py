@@ -146,12 +146,15 @@ def _parse_with_main(module: str, argv: list[str]):
         raise _Parsed
 
     mod = load_script(module) if module.endswith(".py") else importlib.import_module(module)
+    # a program whose main takes parsed arguments reads its command line in cli(argv), as its
+    # `python -m` entry does (dcp_a2a.testing.engines)
+    entry = getattr(mod, "cli", None) or mod.main
     with mock.patch.object(argparse.ArgumentParser, "parse_args", parse_then_stop):
         try:
-            mod.main(argv)
+            entry(argv)
         except _Parsed:
             return seen[-1]
-    raise AssertionError(f"{module}.main returned without parsing its arguments")
+    raise AssertionError(f"{module}.{entry.__name__} returned without parsing its arguments")
 
 
 def test_the_docs_show_the_commands_this_checks():
