@@ -19,11 +19,12 @@ import os
 import pytest
 import torch
 
+from dcp_a2a.collective import Group
 from dcp_a2a.testing.compare import check_merge
 from dcp_a2a.testing.data import heads_of, partials
 from dcp_a2a.testing.exchange import merge_all
-from dcp_a2a.testing.impl import ENV_VAR, load_impl
-from dcp_a2a.testing.surfaces import ENVELOPE_LIMIT
+from dcp_a2a.testing.impl import ENV_VAR, MissingFunction, load_impl
+from dcp_a2a.testing.surfaces import ENVELOPE_LIMIT, NOT_APPLICABLE
 
 pytestmark = [pytest.mark.kernel, pytest.mark.conformance, pytest.mark.clause("envelope")]
 
@@ -41,8 +42,12 @@ def pytest_generate_tests(metafunc):
 
 
 def _outside_case(impl, case, device):
-    """(merged rank-0 heads or the exception raised, the partials, the base) of one merge of
-    the case outside the envelope."""
+    """(rank 0's merged heads or the exception the implementation raised, the partials, the
+    base) of one merge of the case outside the envelope: through its merge (unpack_combine on
+    the wire, or merge), else through lse_reduce on a group whose ranks all hold the same
+    partials (a MirrorGroup: one process, the merge known exactly)."""
+    from dcp_a2a.testing.mirror import MirrorGroup
+
     d = case.get("head_dim", impl.envelope.fit_head_dim(8))
     n = case.get("world_size", 2)
     base_e = case.get("base_e", impl.envelope.base_e)
@@ -52,8 +57,22 @@ def _outside_case(impl, case, device):
         passed = lses.to(getattr(torch, case["lse_dtype"]))
     else:
         passed = lses
+    if impl.exposes("merge"):
+        call = lambda: merge_all(impl, outs, passed, return_lse=True,  # noqa: E731
+                                 base_e=base_e, ranks={0})[0]
+    elif impl.exposes("exchange"):
+        outs, lses = outs[:1].expand(outs.shape).contiguous(), lses[:1].expand(
+            lses.shape).contiguous()
+        passed = passed[:1].expand(passed.shape).contiguous()
+        group = (Group(1, 0, None) if n == 1 else Group(n, 0, MirrorGroup(n, 0)))
+        call = lambda: impl.lse_reduce(outs[0], passed[0], group,  # noqa: E731
+                                       return_lse=True, is_lse_base_on_e=base_e)
+    else:
+        pytest.skip(f"{NOT_APPLICABLE}merge, exchange (no surface to run the case through)")
     try:
-        got = merge_all(impl, outs, passed, return_lse=True, base_e=base_e, ranks={0})[0]
+        got = call()
+    except MissingFunction:
+        raise
     except Exception as e:  # the refusal the envelope declares
         return e, outs, lses, base_e
     return got, outs, lses, base_e
