@@ -38,8 +38,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout, uninstalled
-# the decode probe's timers and inputs, from the script beside the performance docs
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "docs" / "perf_data"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the scripts beside it
 
 import dcp_a2a  # noqa: E402  (first: it picks Triton's interpreter on a machine without CUDA)
 import torch  # noqa: E402
@@ -48,7 +47,7 @@ import triton.language as tl  # noqa: E402
 
 from dcp_a2a.kernels import tuning  # noqa: E402
 from dcp_a2a.testing import bench, engine_design  # noqa: E402
-from issue47_probe import wall_timer, wire, with_launch  # noqa: E402
+from benchmark_unpack_candidates import wall_timer, wire, with_launch  # noqa: E402
 
 import _run  # noqa: E402
 

@@ -4,8 +4,8 @@ machine.
 
     python benchmarks/diff_engine_ptx.py /tmp/vllm_dcp.py [--arch 90]
 
-FILE is vLLM's published ``vllm/v1/attention/ops/dcp.py`` (``pip download --no-deps
-vllm==0.34.0``, then ``unzip -p`` it out of the wheel); only ``_dcp_a2a_unpack_combine_kernel``
+FILE is vLLM's release: its wheel (``pip download --no-deps vllm==0.34.0``), an unpacked
+package tree or its ``vllm/v1/attention/ops/dcp.py``; only ``_dcp_a2a_unpack_combine_kernel``
 is read from it, by name. For each (D, wire lanes, N, dtype) of the 17 decode rows, both
 kernels are compiled as their wrappers
 launch them without the LSE (strides as 32-bit integers, the unit head-dim strides as
@@ -25,8 +25,7 @@ from pathlib import Path
 
 if __name__ == "__main__":  # compile, whatever the machine (set before dcp_a2a's kernels)
     os.environ["TRITON_INTERPRET"] = "0"
-# the decode rows and vLLM's loader, from the two scripts beside the performance docs
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "docs" / "perf_data"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # vLLM's loader, beside it
 
 import torch  # noqa: E402
 import triton  # noqa: E402
@@ -36,8 +35,8 @@ from triton.compiler import ASTSource  # noqa: E402
 import dcp_a2a  # noqa: E402
 from dcp_a2a.testing import engine_design  # noqa: E402
 
-import issue47_probe as probe  # noqa: E402
-import vllm_side_by_side as sbs  # noqa: E402
+import benchmark_combine_vs_vllm as vs_vllm  # noqa: E402
+from dcp_a2a.testing.tune import DECODE_ROWS  # noqa: E402
 
 _PTR = {"bfloat16": "*bf16", "float16": "*fp16", "float32": "*fp32"}
 _SKIP = re.compile(r"^\s*(//|\.loc|\.file|\$L__tmp|\.param|ld\.param|$)")
@@ -85,10 +84,10 @@ def main(argv=None) -> int:
     ap.add_argument("--arch", type=int, default=90, help="compute capability, e.g. 90")
     args = ap.parse_args(argv)
     wires = sorted({(d, dcp_a2a.lse_pack_dim(getattr(torch, dt)), n, dt)
-                    for _, _, d, n, dt in probe.ROWS})
+                    for _, _, d, n, dt in DECODE_ROWS})
     differ = 0
     with tempfile.TemporaryDirectory() as tmp:
-        engine = sbs.load_engine(args.engine_file, tmp)
+        engine = vs_vllm.load_engine(args.engine_file, tmp)
         for d, p, n, dt in wires:
             theirs, ours = pair(engine, d, p, n, dt, args.arch)
             diff = list(difflib.unified_diff(theirs, ours, "engine", "baseline", n=0,

@@ -1,31 +1,33 @@
-"""Issue 47 on one H200, in one call (under 10 minutes): the two tables the issue asks for.
+"""Our unpack-combine at the decode rows against the engine-design baseline, with candidate
+launches and instruction variants beside it, and eager calls against their floors: what a pass
+over the combine's kernel measures before the table or the kernel changes.
 
-    python docs/perf_data/issue47_probe.py [OUT.json] [--rounds 7] [--budget 420]
-    python docs/perf_data/issue47_probe.py --smoke      (tiny shapes: structure only)
-    python docs/perf_data/issue47_probe.py OUT.json --from-grid GRID.json --rounds 3
+    python benchmarks/benchmark_unpack_candidates.py [OUT.json] [--rounds 7] [--budget 420]
+    python benchmarks/benchmark_unpack_candidates.py --smoke      (tiny shapes: structure only)
+    python benchmarks/benchmark_unpack_candidates.py OUT.json --from-grid GRID.json --rounds 3
         (part 1 only, at a grid's points slower than the engine design, worst first)
-    python docs/perf_data/issue47_probe.py OUT.json --from-grid GRID.json \
+    python benchmarks/benchmark_unpack_candidates.py OUT.json --from-grid GRID.json \
         --changed-from combine_seventeenth_pass [--skip K]
         (part 1 only, at every grid point whose combine launch the named table of
         tuning.CANDIDATES chose otherwise: ours, the engine design, the straightforward kernel
         and that table's launch, "was"; no other candidates)
 
-1. Graph replay, at the issue's 17 rows (B, H, D, N, dtype): our unpack-combine next to the
-   engine-design baseline (:mod:`dcp_a2a.testing.engine_design`, the design of vLLM main's
-   kernel), the straightforward kernel, and candidate launches of our own kernel for the decode
-   band (bench variants only: the table is not changed without this measurement): one
-   (token, local head) a program, the whole head in one tile, 1, 2, 4 or 8 warps (those the
-   table does not already give), two heads a program at 1, 2 or 4 warps ("h2_w*", where the
-   table gives one), a head's lanes split over 2 programs at 1, 2 or 4 warps or over 4 at 1
-   or 2 ("d2_w*", "d4_w*": fewer registers a program; where each gets 32 lanes or more),
-   one head a program on a head-major grid at 1, 2 or 4 warps ("hm_w*": the programs
-   dispatched one after another read one token's heads, consecutive wire rows),
-   the table's launch with the 16-bit lanes moved one by one instead of paired into words
-   ("elements"), with the other bf16 rounding ("int_cvt": the integer one
-   where the table's launch rounds natively; "native_cvt" where it does not), and with
-   multiply-add contraction allowed ("fma": what bitwise determinism costs; not a candidate,
-   compared within 2^-6). Every candidate's output is checked bit for bit against ours and the
-   baselines' within 2^-6 before anything is timed. ``--rounds``
+1. Graph replay, at the 17 decode rows (B, H, D, N, dtype; ``dcp_a2a.testing.tune.DECODE_ROWS``):
+   our unpack-combine next to the engine-design baseline
+   (:mod:`dcp_a2a.testing.engine_design`, the design of vLLM's kernel), the straightforward
+   kernel, and candidate launches of our own kernel for the decode band (bench variants only;
+   ``dcp-a2a tune`` derives a card's table from such candidates): one (token, local head) a
+   program, the whole head in one tile, 1, 2, 4 or 8 warps (those the table does not already
+   give), two heads a program at 1, 2 or 4 warps ("h2_w*", where the table gives one), a
+   head's lanes split over 2 programs at 1, 2 or 4 warps or over 4 at 1 or 2 ("d2_w*",
+   "d4_w*": fewer registers a program; where each gets 32 lanes or more), one head a program
+   on a head-major grid at 1, 2 or 4 warps ("hm_w*": the programs dispatched one after another
+   read one token's heads, consecutive wire rows), the table's launch with the 16-bit lanes
+   moved one by one instead of paired into words ("elements"), with the other bf16 rounding
+   ("int_cvt": the integer one where the table's launch rounds natively; "native_cvt" where
+   it does not), and with multiply-add contraction allowed ("fma": what bitwise determinism
+   costs; not a candidate, compared within 2^-6). Every candidate's output is checked bit for
+   bit against ours and the baselines' within 2^-6 before anything is timed. ``--rounds``
    interleaved rounds of CUDA-graph replays (``dcp_a2a.testing.bench.timed_rounds``), then per
    row the median of the per-round ratios ours / engine, its 95 % interval and verdict at 1.0
    (``bench.ratio_verdict``), and each candidate's median per-round ratio over the engine.
@@ -33,9 +35,9 @@
    median of 5): ours, the engine-design wrapper, the empty-kernel floors, lse_reduce (packed,
    a group of one), at two decode rows.
 
-The JSON (default ``issue47_probe.json``) keeps every round's time; the short tables print
+The JSON (default ``unpack_candidates.json``) keeps every round's time; the short tables print
 last. Rows past ``--budget`` seconds of part 1 are skipped (and listed), so part 2 always runs:
-about 50 ms a graph timing, 8-9 variants x 7 rounds a row, plus the compiles: the whole probe
+about 50 ms a graph timing, 8-9 variants x 7 rounds a row, plus the compiles: the whole run
 took 79-91 s on an H100 (2026-12-06); --from-grid about 3.5 s a point.
 """
 from __future__ import annotations
@@ -48,29 +50,22 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout, uninstalled
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout, uninstalled
 
 import torch  # noqa: E402
 
 import dcp_a2a  # noqa: E402
 from dcp_a2a import ops  # noqa: E402
 from dcp_a2a.kernels import combine, tuning  # noqa: E402
-from dcp_a2a.testing import bench, eager, engine_design  # noqa: E402
+from dcp_a2a.testing import bench, eager, engine_design, tune  # noqa: E402
 from dcp_a2a.testing import straightforward as sf  # noqa: E402
 
-ROWS = [  # (B, H, D, N, dtype): the issue's
-    (1, 128, 512, 8, "bfloat16"), (16, 128, 512, 8, "bfloat16"), (32, 128, 512, 8, "bfloat16"),
-    (64, 128, 512, 8, "bfloat16"), (128, 128, 512, 8, "bfloat16"),
-    (256, 128, 512, 8, "bfloat16"), (512, 128, 512, 8, "bfloat16"),
-    (64, 64, 512, 4, "bfloat16"), (128, 64, 512, 4, "bfloat16"),
-    (64, 32, 128, 4, "float16"), (64, 32, 128, 4, "float32"), (64, 32, 128, 4, "bfloat16"),
-    (256, 32, 128, 4, "float16"), (256, 32, 128, 4, "float32"), (256, 32, 128, 4, "bfloat16"),
-    (128, 16, 128, 2, "bfloat16"), (128, 32, 64, 4, "bfloat16"),
-]
-# the issue's vLLM column (us, vLLM main's kernel, CUDA-graph replay on one H200), row for row:
-# the engine-design baseline should reproduce it within 5 % on an H200
-ISSUE_VLLM_US = dict(zip(ROWS, (2.29, 2.62, 2.88, 3.77, 5.81, 11.00, 27.01, 2.44, 3.52, 1.67,
-                                1.69, 1.71, 3.01, 2.91, 3.02, 1.74, 2.09)))
+ROWS = tune.DECODE_ROWS  # (B, H, D, N, dtype)
+# the vLLM column the decode rows were first reported with (us, vLLM main's kernel, CUDA-graph
+# replay on one H200), row for row: the engine-design baseline should reproduce it within 5 %
+REPORTED_VLLM_US = dict(zip(map(tuple, ROWS), (
+    2.29, 2.62, 2.88, 3.77, 5.81, 11.00, 27.01, 2.44, 3.52, 1.67, 1.69, 1.71, 3.01, 2.91, 3.02,
+    1.74, 2.09)))
 EAGER_ROWS = [(64, 128, 512, 8, "bfloat16"), (256, 32, 128, 4, "float16")]
 SMOKE_ROWS = [(2, 4, 8, 2, "float16")]
 WARPS = (1, 2, 4, 8)
@@ -203,12 +198,12 @@ def graph_row(point, device, rounds, timer, fma=True, was=None, only=None):
 
     lo, hi, verdict = bench.ratio_verdict(times["ours"], times["engine"], bench.ENGINE_TARGET)
     cands = {k: per_round(k, "engine") for k in v if k not in ("ours", "engine", "sf")}
-    vllm = ISSUE_VLLM_US.get(tuple(point))
+    vllm = REPORTED_VLLM_US.get(tuple(point))
     return {"B": b, "H": h, "D": d, "N": n, "dtype": dt, "bytes": nbytes, "timing": method,
             "rounds": rounds, "median_us": med, "times_us": times,
             "ours_over_engine": per_round("ours", "engine"), "ci": [lo, hi], "verdict": verdict,
             "sf_over_engine": per_round("sf", "engine"),
-            "engine_over_issue_vllm": med["engine"] / vllm if vllm else None,
+            "engine_over_reported_vllm": med["engine"] / vllm if vllm else None,
             "candidates_over_engine": cands,
             "candidates_over_ours": {k: per_round(k, "ours") for k in cands}}
 
@@ -227,13 +222,13 @@ def graph_table(rows):
             f"{r['median_us']['ours']:8.2f} {r['median_us']['engine']:8.2f} "
             f"{r['ours_over_engine']:8.3f} [{lo:6.3f},{hi:6.3f}] "
             f"{bench._MARK[r['verdict']]:>4} {r['sf_over_engine']:7.3f} "
-            + (f"{r['engine_over_issue_vllm']:8.3f}  " if r.get("engine_over_issue_vllm")
+            + (f"{r['engine_over_reported_vllm']:8.3f}  " if r.get("engine_over_reported_vllm")
                else f"{'-':>8}  ")
             + (f"{best[0]} {best[1]:.3f}" if best else "-"))
     lines.append(f"ratios: medians of the per-round ratios over {rows[0]['rounds']} interleaved "
                  f"rounds ({rows[0]['timing']}); v: ours <= {bench.ENGINE_TARGET} x the engine "
                  "design (ok met, ? undecided, MISS missed); eng/vllm: the baseline's median "
-                 "over the issue's vLLM figure (one H200: within 0.95-1.05 asked)")
+                 "over the reported vLLM figure (one H200: within 0.95-1.05 asked)")
     return "\n".join(lines)
 
 
@@ -272,7 +267,7 @@ def grid_changed(path, table_name):
 def run_settings(smoke, rounds, script):
     """(device, rows, eager rows, timer, rounds, calls, repeats) of a run: ``smoke``: the tiny
     shapes, the wall clock, where the suite runs the kernels (the GPU if any, the interpreter
-    otherwise); else the issue's rows on the GPU (None, said on stderr, without one)."""
+    otherwise); else the decode rows on the GPU (None, said on stderr, without one)."""
     if smoke:
         device = "cuda" if torch.cuda.is_available() else "cpu"
         return device, SMOKE_ROWS, SMOKE_ROWS[:1], wall_timer, 2, 1, 2
@@ -284,7 +279,7 @@ def run_settings(smoke, rounds, script):
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("out", nargs="?", default="issue47_probe.json", help="JSON report")
+    ap.add_argument("out", nargs="?", default="unpack_candidates.json", help="JSON report")
     ap.add_argument("--rounds", type=int, default=7, help="interleaved rounds a row")
     ap.add_argument("--budget", type=float, default=420.0,
                     help="seconds for part 1 (graph replay); rows past it are skipped")
@@ -292,7 +287,7 @@ def main(argv=None) -> int:
                     help="tiny shapes, wall-clock timer: structure only (on the GPU where there "
                          "is one, else the CPU through Triton's interpreter)")
     ap.add_argument("--from-grid", metavar="GRID_JSON",
-                    help="instead of the issue's rows: the grid's points (bench --grid JSON) "
+                    help="instead of the decode rows: the grid's points (bench --grid JSON) "
                          "where ours took at least --min-ratio x the engine design's time and "
                          "its verdict was not met, worst first; no eager part, no fma run")
     ap.add_argument("--min-ratio", type=float, default=1.0, help="with --from-grid")
@@ -309,7 +304,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     only = args.only.split(",") if args.only else None
     t0 = time.time()
-    run = run_settings(args.smoke, args.rounds, "issue47_probe.py")
+    run = run_settings(args.smoke, args.rounds, "benchmark_unpack_candidates.py")
     if run is None:
         return 2
     device, rows, eager_rows_at, timer, rounds, calls, repeats = run
