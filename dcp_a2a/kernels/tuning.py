@@ -699,8 +699,15 @@ def every_launch(kind: str, batch: int, heads: int, head_lanes: int,
     tests run them all, so the bits never depend on which card's table a process took."""
     table_in_force()
     tables = [ACTIVE, TABLE] + [t.rules for t in shipped_tables().values()]
+    return launches_of([r for t in tables for r in t[kind]] + [INTERPRETER[kind]],
+                       batch, heads, head_lanes, ranks, slab_ok)
+
+
+def launches_of(rules, batch: int, heads: int, head_lanes: int, ranks: int = 1,
+                slab_ok: bool = False) -> list[Launch]:
+    """The distinct launches ``rules`` give this problem, whatever their bounds."""
     seen = []
-    for rule in [r for t in tables for r in t[kind]] + [INTERPRETER[kind]]:
+    for rule in rules:
         cfg = rule.launch(batch, heads, head_lanes, ranks, slab_ok, any_size=True)
         if cfg is not None and _compiled(cfg, batch) not in seen:
             seen.append(_compiled(cfg, batch))

@@ -2,7 +2,7 @@
 (``python -m dcp_a2a.testing.tune``).
 
     python -m dcp_a2a.testing.tune [--out DIR|FILE] [--base default.json] [--rounds 7]
-        [--screen-rounds 3] [--finalists 3] [--confidence 0.95] [--budget 480]
+        [--screen-rounds 3] [--finalists 3] [--confidence 0.95] [--budget 420]
     python -m dcp_a2a.testing.tune --smoke --out DIR     (the CPU: structure only)
 
 At each row of ``SWEEP_ROWS`` (the 17 decode rows vLLM's kernel is compared at, and the
@@ -387,11 +387,16 @@ def _notes(path: Path):
 
 
 def write_table(doc, out: Path) -> Path:
-    """Write ``doc`` (one rule a line) where ``out`` says: a directory gets the card's file."""
+    """Write ``doc`` (one rule a line) where ``out`` says: a ``.json`` file, else a directory
+    that gets the card's file."""
     from ..kernels import tuning
 
-    path = out / tuning.card_file_name(doc["card"]["name"]) if out.is_dir() else out
-    path.parent.mkdir(parents=True, exist_ok=True)
+    if out.suffix != ".json":  # a directory, made where missing
+        out.mkdir(parents=True, exist_ok=True)
+        path = out / tuning.card_file_name(doc["card"]["name"])
+    else:
+        path = out
+        path.parent.mkdir(parents=True, exist_ok=True)
     head = {k: v for k, v in doc.items() if k not in ("rules", "sweep")}
     lines = json.dumps(head, indent=2)[:-2].splitlines()
     lines[-1] += ","
@@ -409,7 +414,7 @@ def write_table(doc, out: Path) -> Path:
     return path
 
 
-def summary(choices, skipped, path, seconds, card) -> str:
+def summary(choices, skipped, path, seconds, card, launches=None) -> str:
     head = (f"{'kind':8} {'rows (B H D N dtype)':40} {'table launch':24} {'chosen':24} "
             f"{'x table':>7} {'interval':>16}")
     lines = [head, "-" * len(head)]
@@ -424,7 +429,38 @@ def summary(choices, skipped, path, seconds, card) -> str:
                  f"the base table's; {seconds:.0f} s; {path}")
     for s in skipped:
         lines.append(f"left out past --budget: {s['kind']} at {s['rows']}")
+    if launches:
+        lines.append(f"the bit-for-bit test of every launch (accuracy job's GPU shapes): "
+                     f"{launches[0]} launches with the shipped tables, {launches[1]} with this "
+                     "one too (each new one a kernel to compile in the gpu-check)")
     return "\n".join(lines)
+
+
+def invariance_launches(extra=None) -> int:
+    """Launches the bit-for-bit test of every launch runs at the accuracy job's GPU shapes
+    (``tuning.every_launch`` over N = 2, 4, 8 and each dtype, as
+    tests/kernel/test_launch_invariance.py lists them), with the rules ``extra`` ({kind:
+    rules}, a new table's) added: most are a kernel to compile, the gpu-check's main cost."""
+    from ..kernels import tuning
+    from .accuracy import GPU_SHAPES, parse_shapes
+
+    total = 0
+    for s in parse_shapes(GPU_SHAPES):
+        for n, dt in ((n, dt) for n in (2, 4, 8) for dt in ("float16", "bfloat16", "float32")):
+            if s.dtype not in (None, dt) or s.h % n:
+                continue
+            paired = dt != "float32" and s.d % 2 == 0
+            lanes = s.d // 2 if paired else s.d
+            slab_ok = (dt == "float32" or paired) and lanes % 4 == 0 and (s.h // n) % 4 == 0
+            for kind, heads, ranks, ok in (("pack", s.h, n, slab_ok),
+                                           ("combine", s.h // n, n, False),
+                                           ("scale", s.h, 1, False)):
+                got = tuning.every_launch(kind, s.b, heads, lanes if kind != "scale" else s.d,
+                                          ranks, ok)
+                more = tuning.launches_of((extra or {}).get(kind, ()), s.b, heads,
+                                          lanes if kind != "scale" else s.d, ranks, ok)
+                total += len(got) + sum(c not in got for c in more)
+    return total
 
 
 def _commit() -> str:
@@ -475,8 +511,8 @@ def _confidence(value):
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, default=None,
-                        help="a directory (the card's file goes in it) or a file; default: the "
-                             "package's launch_tables/, where a process looks")
+                        help="a directory (the card's file goes in it) or a .json file; "
+                             "default: the package's launch_tables/, where a process looks")
     parser.add_argument("--base", default="default.json",
                         help="the table whose launches are the ones to beat and whose rules the "
                              "card's table keeps (a file in launch_tables/, or a path)")
@@ -488,7 +524,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="candidates a problem that go on to the deciding rounds")
     parser.add_argument("--confidence", type=_confidence, default=0.95,
                         help="a candidate wins where this interval of its ratio is below 1")
-    parser.add_argument("--budget", type=_positive(float), default=480.0,
+    parser.add_argument("--budget", type=_positive(float), default=420.0,
                         help="seconds: a problem not started by then is left out")
     parser.add_argument("--smoke", action="store_true",
                         help="two tiny rows on the CPU (the interpreter, wall clock, two "
@@ -549,8 +585,9 @@ def main(args) -> int:
                   "rows": [list(r) for r in rows], "skipped": skipped}
     doc = derive_table(base, choices, card, provenance)
     path = write_table(doc, out)
-    tuning.read_table(path)  # as a process will read it: checked
-    print(summary(choices, skipped, path, time.time() - t0, card))
+    table = tuning.read_table(path)  # as a process will read it: checked
+    launches = None if args.smoke else (invariance_launches(), invariance_launches(table.rules))
+    print(summary(choices, skipped, path, time.time() - t0, card, launches))
     return 0
 
 

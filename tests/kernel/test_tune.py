@@ -82,3 +82,14 @@ def test_the_sweep_refuses_what_it_cannot_do(tmp_path, capsys):
         tune.build_parser().parse_args(["--confidence", "1.5"])
     with pytest.raises(SystemExit):
         tune.build_parser().parse_args(["--rounds", "0"])
+
+
+def test_the_invariance_count_grows_with_a_table_that_adds_launches(monkeypatch):
+    """The summary's count of launches the bit-for-bit test runs (what a new table costs the
+    gpu-check): a rule giving a launch no shipped table gives adds to it; the shipped rules
+    add nothing."""
+    monkeypatch.setattr(tuning._env, "INTERPRET", False)
+    now = tune.invariance_launches()
+    assert tune.invariance_launches(tuning.H200.rules) == now > 0
+    odd = tuning.Rule(float("inf"), 64, 2048, 16)  # 64-lane tiles, 16 warps: no table's
+    assert tune.invariance_launches({"combine": (odd,)}) > now
