@@ -523,9 +523,9 @@ _PACK_FIFTH = (Rule(256, 1024, 256, 4), Rule(1024, 1024, 512, 4), Rule(65536, 10
                                                    (0, 0, 1))),
                _PACK_SIXTH[5])
 
-# Tables the benchmark can compare with TABLE in one run, edits of the H200's (``python -m dcp_a2a.testing.bench
-# --grid --tables table,head_per_program``); docs/perf_history.md has the grid where these were
-# chosen.
+# Tables the benchmark can compare with TABLE in one run, edits of the H200's (``python -m
+# dcp_a2a.testing.bench --grid --tables table,head_per_program``); docs/perf_history.md has
+# the grid where these were chosen.
 CANDIDATES: dict[str, dict[str, tuple[Rule, ...]]] = {
     "table": TABLE,
     "head_per_program": {  # one head per program up to 16k rows in both kernels, 4 warps
@@ -544,8 +544,10 @@ CANDIDATES: dict[str, dict[str, tuple[Rule, ...]]] = {
                                         Rule(_ANY, 1024, 4096, 8))},
     # combine at large batches (docs/perf_history.md, third pass): 8 heads x 128 words whatever N
     # (the table until then); the head in one tile, 4 or 8 heads whatever N; 4096 / N lanes
-    "combine_slab_128": {**H200.rules, "combine": H200.rules["combine"][:-1] + (Rule(_ANY, 128, 1024, 8),)},
-    "combine_one_tile": {**H200.rules, "combine": H200.rules["combine"][:-1] + (Rule(_ANY, 256, 1024, 8),)},
+    "combine_slab_128": {**H200.rules,
+                         "combine": H200.rules["combine"][:-1] + (Rule(_ANY, 128, 1024, 8),)},
+    "combine_one_tile": {**H200.rules,
+                         "combine": H200.rules["combine"][:-1] + (Rule(_ANY, 256, 1024, 8),)},
     "combine_one_tile_8h": {**H200.rules,
                             "combine": H200.rules["combine"][:-1] + (Rule(_ANY, 256, 2048, 8),)},
     "combine_per_rank_4k": {**H200.rules, "combine": H200.rules["combine"][:-1] + (

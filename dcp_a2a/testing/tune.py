@@ -29,9 +29,11 @@ problem (``tuning.exact_rule``); elsewhere the base's rules decide. It records t
 commit, the date and, per problem, the launches and every round's times behind the choice, and
 is read back (checked) before the summary prints. A process on that card takes it at its first
 compiled launch; ``DCP_A2A_LAUNCH_TABLE=FILE`` tries a table anywhere. Problems not started
-within ``--budget`` seconds are left out (and listed). About 4-5 minutes on one H100 (an estimate from the probes'
-timings: ~0.25 s a compile, ~15 ms a screening timing, ~35 ms a deciding one, 0.25 s an
-event-timed one of the B=8192 packs).
+within ``--budget`` seconds are left out (and listed). About 4-5 minutes on one H100 (an
+estimate from the earlier probes' timings: ~0.25 s a compile, ~15 ms a screening timing, ~35 ms
+a deciding one, 0.25 s an event-timed one of the B=8192 packs; about 400 kernels to compile and
+1000 launches to screen). The summary also counts the launches the bit-for-bit test of every
+launch would run with the new table (each new one a kernel the gpu-check compiles).
 
 ``--smoke`` runs two tiny rows on the CPU through Triton's interpreter with the wall clock,
 two candidates a kernel and two rounds: every step and the file, in seconds; the times mean
@@ -361,9 +363,9 @@ def derive_table(base, choices, card, provenance) -> dict:
     doc = {"format": tuning.TABLE_FORMAT, "card": card,
            "about": (f"Derived by python -m dcp_a2a.testing.tune on one {card['name']} "
                      f"({provenance['date'][:10]}, commit {provenance['commit']}): the rules of "
-                     f"{' -> '.join(_chain(base.path))} with, in front, an exact rule for each of the {changed} swept "
-                     f"problems (of {len(choices)}) where a launch beat the base table's "
-                     f"({provenance['confidence']:.0%} interval of the per-round ratio below 1)."),
+                     f"{' -> '.join(_chain(base.path))} with, in front, an exact rule for each "
+                     f"of the {changed} swept problems (of {len(choices)}) where a launch beat "
+                     f"the base table's ({provenance['confidence']:.0%} interval of the per-round ratio below 1)."),
            "rules": rules}
     notes = _notes(base.path)
     if notes:
