@@ -365,7 +365,8 @@ def derive_table(base, choices, card, provenance) -> dict:
                      f"({provenance['date'][:10]}, commit {provenance['commit']}): the rules of "
                      f"{' -> '.join(_chain(base.path))} with, in front, an exact rule for each "
                      f"of the {changed} swept problems (of {len(choices)}) where a launch beat "
-                     f"the base table's ({provenance['confidence']:.0%} interval of the per-round ratio below 1)."),
+                     f"the base table's ({provenance['confidence']:.0%} interval of the "
+                     "per-round ratio below 1)."),
            "rules": rules}
     notes = _notes(base.path)
     if notes:
