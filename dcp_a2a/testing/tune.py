@@ -335,13 +335,20 @@ def sweep(rows, device, base_rules, *, rounds, screen_rounds, finalists, confide
     return made, skipped
 
 
+def _bounds(rule) -> tuple:
+    """What decides which problems a rule takes."""
+    return (rule.max_rows, rule.min_rows, rule.min_head_lanes, rule.max_head_lanes,
+            rule.min_ranks, rule.max_ranks, rule.min_lanes)
+
+
 def derive_table(base, choices, card, provenance) -> dict:
     """The JSON document of the card's table: the base's rules with an exact rule in front for
-    each problem whose choice changed."""
+    each problem whose choice changed (a base rule of the very same bounds, an earlier sweep's,
+    left out: it could no longer take a problem)."""
     from ..kernels import tuning
 
     rules = {k: [] for k in tuning.KINDS}
-    seen = set()
+    seen, shadowed = set(), set()
     for c in choices:
         if c["chosen"] is None:
             continue
@@ -352,13 +359,16 @@ def derive_table(base, choices, card, provenance) -> dict:
                f"{c['interval'][1]:.3f}] x the base table's {c['table_launch']}")
         rule = tuning.exact_rule(c["kind"], cfg, p["batch"], p["heads"], p["head_lanes"],
                                  p["ranks"], p["slab_ok"])
-        key = (c["kind"], rule.max_rows, rule.min_head_lanes, rule.min_ranks, p["slab_ok"])
+        key = (c["kind"],) + _bounds(rule)
         if key in seen:  # two problems of one rule's bounds: the first swept decides
             continue
         seen.add(key)
+        if not rule.slab:  # a slab rule may decline (slab_ok): the base's then decides
+            shadowed.add(key)
         rules[c["kind"]].append(tuning.rule_to_json(rule, why))
-    for kind in tuning.KINDS:
-        rules[kind] += [tuning.rule_to_json(r) for r in base.rules[kind]]
+    for kind in tuning.KINDS:  # less a base rule a new one shadows (an earlier sweep's)
+        rules[kind] += [tuning.rule_to_json(r) for r in base.rules[kind]
+                        if (kind,) + _bounds(r) not in shadowed]
     changed = sum(c["chosen"] is not None for c in choices)
     doc = {"format": tuning.TABLE_FORMAT, "card": card,
            "about": (f"Derived by python -m dcp_a2a.testing.tune on one {card['name']} "

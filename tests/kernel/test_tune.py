@@ -93,3 +93,31 @@ def test_the_invariance_count_grows_with_a_table_that_adds_launches(monkeypatch)
     assert tune.invariance_launches(tuning.H200.rules) == now > 0
     odd = tuning.Rule(float("inf"), 64, 2048, 16)  # 64-lane tiles, 16 warps: no table's
     assert tune.invariance_launches({"combine": (odd,)}) > now
+
+
+def test_a_new_sweep_replaces_an_earlier_sweeps_rule_for_its_problem(tmp_path):
+    """Sweeping a card again with its own table as the base: the new exact rule goes in front
+    and the earlier one of the same bounds (unreachable now) is left out; the base's other
+    rules stay, in their order."""
+    problem = dict(batch=64, heads=16, head_lanes=256, ranks=8, slab_ok=False)
+    old = tuning.exact_rule("combine", tuning.Launch(1, 256, 2), *problem.values())
+    base_doc = {"format": 1, "card": None, "rules": {
+        "combine": [tuning.rule_to_json(old)] + [tuning.rule_to_json(r)
+                                                  for r in tuning.H200.rules["combine"]]},
+        "base": str(tuning.TABLES_DIR / "NVIDIA_H200.json")}
+    (tmp_path / "base.json").write_text(json.dumps(base_doc))
+    base = tuning.read_table(tmp_path / "base.json")
+    new = tuning.Launch(1, 256, 4)
+    choice = {"kind": "combine", "rows": [[64, 128, 512, 8, "bfloat16"]], "problem": problem,
+              "table_launch": tune.launch_name(tuning.Launch(1, 256, 2)),
+              "chosen": tune.launch_name(new), "launch": vars(new).copy(),
+              "over_table": 0.9, "interval": [0.88, 0.92]}
+    card = {"name": "NVIDIA H100 80GB HBM3", "capability": [9, 0], "sms": 132}
+    doc = tune.derive_table(base, [choice], card, {"date": "2026-12-07", "commit": "abc",
+                                                    "confidence": 0.95})
+    path = tune.write_table(doc, tmp_path)
+    assert path.name == "NVIDIA_H100_80GB_HBM3.json"
+    rules = tuning.read_table(path).rules["combine"]
+    assert rules[1:] == tuning.H200.rules["combine"] and old not in rules
+    assert rules[0].launch(64, 16, 256, 8) == new and "sweep at 64 128 512 8" in \
+        json.loads(path.read_text())["rules"]["combine"][0]["why"]
