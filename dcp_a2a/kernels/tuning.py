@@ -435,8 +435,8 @@ def _device_table() -> tuple[Table, str]:
     return table_for_card(p.name, (p.major, p.minor), p.multi_processor_count)
 
 
-# The H200's table, read at import: the bench's candidate tables below are edits of it, and it
-# is the process's table (``TABLE``) until the first compiled launch takes the device's.
+# The H200's table, read at import: the bench's candidate tables below are edits of it, and the
+# tests that state its rules pin it.
 H200 = read_table("NVIDIA_H200.json")
 
 # The combine rules as the seventeenth pass left them (docs/perf_history.md; the H200 table's notes
@@ -492,6 +492,7 @@ def table_in_force() -> tuple[Table, str]:
                 TABLE.update(table.rules)  # kind by kind: a reader sees one table's rules
                 _IN_FORCE.append((table, why))
     return _IN_FORCE[0]
+
 
 # Triton's CPU interpreter runs a program at a time through numpy: big tiles, few programs
 # (a program spans many tokens: 1024 rows of one head each are 2 programs, not 1024; the pack's
