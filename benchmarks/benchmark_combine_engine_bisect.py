@@ -47,7 +47,7 @@ import triton.language as tl  # noqa: E402
 
 from dcp_a2a.kernels import tuning  # noqa: E402
 from dcp_a2a.testing import bench, engine_design  # noqa: E402
-from benchmark_unpack_candidates import wall_timer, wire, with_launch  # noqa: E402
+from benchmark_decode_vs_engine_design import wall_timer, wire, with_launch  # noqa: E402
 
 import _run  # noqa: E402
 

@@ -1,9 +1,8 @@
 """Our pack and unpack-combine against vLLM's own kernels, on one GPU, in one call: the targets
 of "ahead of vLLM on every card", with a verdict per row.
 
-    python benchmarks/benchmark_combine_vs_vllm.py ENGINE [--out docs/results/combine_vs_vllm/]
-        [--rounds 7]
-    python benchmarks/benchmark_combine_vs_vllm.py ENGINE --smoke --out DIR
+    python benchmarks/benchmark_combine_vs_vllm.py ENGINE OUT [--rounds 7]
+    python benchmarks/benchmark_combine_vs_vllm.py ENGINE OUT --smoke
         (tiny rows, the wall clock, the interpreter on a CPU: the structure only)
 
 ENGINE is vLLM's release: its wheel (``pip download --no-deps vllm==0.34.0``), an unpacked
@@ -26,20 +25,19 @@ In one process, CUDA-graph replay, ``--rounds`` interleaved rounds
 * B=1 H=128 D=512 N=8 bf16: pack + unpack, round by round, met at <= 2.5 us by the interval.
 
 Before anything is timed, vLLM's pack must write our wire bit for bit and its unpack must agree
-with ours within 2^-6. Writes ``OUT/<card>.json`` (every round's time, the card, the commit, the
-launch table in force, vLLM's release) and ``OUT/<card>.md`` (the tables, the command), and
-prints the markdown. About 1.5 minutes on one H100 (estimated from the earlier side-by-side
+with ours within 2^-6. OUT is a result file (``docs/results/combine_vs_vllm/h100.json``) or a
+folder, which gets the card's (``h100.json``): the JSON keeps every round's time, the launch
+table in force, vLLM's release and the run (card, commit, date, command); the ``.md`` beside it
+the tables, which print too. About 1.5 minutes on one H100 (estimated from the earlier side-by-side
 runs: 23-36 s for the 17 unpack rows of three variants; here two ops and the large rows).
 """
 from __future__ import annotations
 
-import argparse
 import ast
-import datetime
 import importlib.util
 import json
+import re
 import statistics
-import subprocess
 import sys
 import time
 import zipfile
@@ -47,12 +45,14 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the checkout, uninstalled
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the scripts beside it
 
+import dcp_a2a  # noqa: E402  (first: it picks Triton's interpreter on a machine without CUDA)
 import torch  # noqa: E402
-
-import dcp_a2a  # noqa: E402
 from dcp_a2a.kernels import tuning  # noqa: E402
 from dcp_a2a.testing import bench, eager, tune  # noqa: E402
+
+import _run  # noqa: E402
 
 # vLLM's definitions read from its release, in the order they are defined
 ENGINE_MEMBER = "vllm/v1/attention/ops/dcp.py"
@@ -229,23 +229,17 @@ def b1_verdict(row) -> dict:
             "target_us": B1_US, "verdict": verdict}
 
 
-def commit() -> str:
-    """This checkout's commit (``+dirty`` with changes to tracked files), or "unknown"."""
-    try:
-        sha = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=ROOT,
-                             capture_output=True, text=True, timeout=30, check=True).stdout
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
-                               cwd=ROOT, capture_output=True, text=True, timeout=30).stdout
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-    return sha.strip() + ("+dirty" if dirty.strip() else "")
-
-
-def card(device) -> dict:
-    if device != "cuda":
-        return {"name": "CPU interpreter", "capability": None, "sms": None}
-    p = torch.cuda.get_device_properties(torch.cuda.current_device())
-    return {"name": p.name, "capability": [p.major, p.minor], "sms": p.multi_processor_count}
+def card_stem(name: str) -> str:
+    """A result file's name for a card (``results.py``'s: cpu, h100, h200...): the first word
+    of letters then digits in the device's name, else its last letters and digits run
+    together."""
+    if not name or name.startswith("CPU"):
+        return "cpu"
+    words = name.replace("NVIDIA", "").replace("-", " ").split()
+    found = next((w for w in words if re.fullmatch(r"[A-Za-z]+\d+", w)), None)
+    if found is None:
+        found = "".join(w for w in words if w.isalnum())[-12:]
+    return found.lower()
 
 
 def _iv(iv, fmt="{:.3f}"):
@@ -253,16 +247,13 @@ def _iv(iv, fmt="{:.3f}"):
 
 
 def markdown(report) -> str:
-    c = report["card"]
-    lines = [f"# Ours against vLLM's kernels on one {c['name']}", "",
-             f"{report['date'][:10]}, commit {report['commit']}, torch {report['torch']}, "
-             f"Triton {report['triton']}, vLLM {report['vllm']['version'] or '?'} "
-             f"({report['vllm']['source']}); launch table {report['launch_table']}; copy "
+    """The tables (the run's header comes from ``_run``)."""
+    lines = [f"vLLM {report['vllm']['version'] or '?'} ({report['vllm']['source']}); launch "
+             f"table {report['launch_table']}; copy "
              + (f"{report['copy_gbps']:.0f} GB/s (read + write)" if report["copy_gbps"]
                 else "not measured") + f"; {report['rounds']} interleaved rounds of CUDA-graph "
              f"replay{' (smoke: wall clock, the structure only)' if report['smoke'] else ''}; "
              f"{report['seconds']:.0f} s.", "",
-             f"    {report['command']}", "",
              "Decode rows: ours / vLLM's kernel, median of the per-round ratios [95 % interval]; "
              f"met: unpack <= {TARGETS['unpack']}, pack <= {TARGETS['pack']} by the interval; "
              f"floor: not met, but ours moves >= {FLOOR_SHARE:.0%} of what a copy of its bytes "
@@ -304,15 +295,22 @@ def markdown(report) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def parser():
+    ap = _run.parser(__doc__, "benchmark_combine_vs_vllm.py")
     ap.add_argument("engine", help="vLLM's release: its wheel, package tree or dcp.py")
-    ap.add_argument("--out", type=Path, default=ROOT / "docs" / "results" / "combine_vs_vllm",
-                    help="directory for <card>.json and <card>.md")
-    ap.add_argument("--rounds", type=int, default=7, help="interleaved rounds (2 at least)")
+    ap.add_argument("out", metavar="OUT", type=Path,
+                    help="result file (.json; the tables go to .md beside it) or a folder, "
+                         "which gets the card's (h100.json)")
+    ap.add_argument("--rounds", type=_run.positive_int, default=7,
+                    help="interleaved rounds (2 at least)")
     ap.add_argument("--smoke", action="store_true",
                     help="tiny rows, wall clock: the structure only (on the GPU where there is "
                          "one, else the CPU through Triton's interpreter)")
+    return ap
+
+
+def main(argv=None) -> int:
+    ap = parser()
     args = ap.parse_args(argv)
     if args.rounds < 2:
         ap.error(f"--rounds must be at least 2 (an interval needs two), got {args.rounds}")
@@ -326,8 +324,10 @@ def main(argv=None) -> int:
     else:
         device, decode_rows, large_rows = "cuda", tune.DECODE_ROWS, tune.COPY_ROWS
         timer, rounds = None, args.rounds
-    args.out.mkdir(parents=True, exist_ok=True)
-    engine = load_engine(args.engine, args.out)
+    run = _run.provenance()
+    out = args.out if args.out.suffix == ".json" else args.out / f"{card_stem(run['card'])}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    engine = load_engine(args.engine, out.parent)
     t0 = time.time()
     copy_gbps = bench.copy_bandwidth() if device == "cuda" and not args.smoke else None
     decode = []
@@ -341,27 +341,16 @@ def main(argv=None) -> int:
              for point in large_rows]
     first = decode[0] if args.smoke else next(
         r for r in decode if (r["B"], r["H"], r["D"], r["N"], r["dtype"]) == B1_ROW)
-    import triton
-
     table, why = tuning.table_in_force()
-    c = card(device)
-    report = {"card": c, "commit": commit(),
-              "date": datetime.datetime.now(datetime.timezone.utc).isoformat(
-                  timespec="seconds"),
-              "torch": torch.__version__, "triton": triton.__version__,
-              "cuda": torch.version.cuda, "smoke": args.smoke, "rounds": rounds,
+    report = {"cuda": torch.version.cuda, "smoke": args.smoke, "rounds": rounds,
               "vllm": {"source": str(args.engine), "version": release_version(args.engine)},
-              "launch_table": why, "copy_gbps": copy_gbps,
-              "command": "python benchmarks/benchmark_combine_vs_vllm.py "
-                         + " ".join(sys.argv[1:] if argv is None else argv),
-              "seconds": time.time() - t0, "decode": decode, "large": large,
-              "b1": b1_verdict(first)}
-    stem = tuning.card_file_name(c["name"])[:-len(".json")]
-    (args.out / f"{stem}.json").write_text(json.dumps(report, indent=1))
+              "launch_table": why, "copy_gbps": copy_gbps, "seconds": time.time() - t0,
+              "decode": decode, "large": large, "b1": b1_verdict(first), "run": run}
+    out.write_text(json.dumps(report, indent=1) + "\n")
     text = markdown(report)
-    (args.out / f"{stem}.md").write_text(text)
+    out.with_suffix(".md").write_text(_run.header("combine_vs_vllm", run) + "\n" + text)
     print(text)
-    print(f"{args.out / stem}.json, .md")
+    print(f"{out}, {out.with_suffix('.md')}")
     return 0
 
 

@@ -2,7 +2,7 @@
 nanoseconds a call once the problem's launch is known (the path every repeated decode call
 takes), with the compiled launch table in force. CPU only: no kernel runs.
 
-    python benchmarks/benchmark_launch_lookup.py [--calls 200000] [--repeats 7]
+    python benchmarks/benchmark_launch_lookup.py [OUT.json] [--calls 200000] [--repeats 7]
 
 Prints, per call site (``launch``, ``pack_launch``, ``combine_launch``), the median over
 ``--repeats`` of ``--calls`` back-to-back calls (the sites interleaved), and the fastest
@@ -10,7 +10,6 @@ repeat. On a shared machine compare the fastest repeats of runs made one after t
 """
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import time
@@ -18,8 +17,11 @@ import types
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout, uninstalled
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the scripts beside it
 
 from dcp_a2a.kernels import tuning  # noqa: E402
+
+import _run  # noqa: E402
 
 CALLS = {  # the decode rows' launches: B=64 H=128 D=512 bf16 N=8
     "launch": lambda: tuning.launch("combine", 64, 16, 256, 8),
@@ -44,18 +46,23 @@ def ns_per_call(fns: dict, calls: int, repeats: int) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--calls", type=int, default=200_000)
-    ap.add_argument("--repeats", type=int, default=7)
+    ap = _run.parser(__doc__, "benchmark_launch_lookup.py")
+    _run.add_out(ap, required=False)
+    ap.add_argument("--calls", type=_run.positive_int, default=200_000,
+                    help="back-to-back calls a repeat")
+    ap.add_argument("--repeats", type=_run.positive_int, default=7, help="repeats a site")
     args = ap.parse_args(argv)
-    if args.calls < 1 or args.repeats < 1:
-        ap.error("--calls and --repeats must be at least 1")
     saved = tuning._env
     tuning._env = types.SimpleNamespace(INTERPRET=False)  # the GPU's (compiled) table
     try:
-        for name, runs in ns_per_call(CALLS, args.calls, args.repeats).items():
-            print(f"{name:15} {statistics.median(runs):7.1f} ns a call (median of "
-                  f"{args.repeats}; best {min(runs):.1f})")
+        with _run.recorded(args.out, "launch_lookup") as save:
+            runs = ns_per_call(CALLS, args.calls, args.repeats)
+            save({"calls": args.calls, "repeats": args.repeats,
+                  "rows": [{"site": k, "ns": statistics.median(v), "best_ns": min(v),
+                            "runs_ns": v} for k, v in runs.items()]})
+            for name, v in runs.items():
+                print(f"{name:15} {statistics.median(v):7.1f} ns a call (median of "
+                      f"{args.repeats}; best {min(v):.1f})")
     finally:
         tuning._env = saved
     return 0

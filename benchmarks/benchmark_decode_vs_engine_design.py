@@ -2,11 +2,13 @@
 launches and instruction variants beside it, and eager calls against their floors: what a pass
 over the combine's kernel measures before the table or the kernel changes.
 
-    python benchmarks/benchmark_unpack_candidates.py [OUT.json] [--rounds 7] [--budget 420]
-    python benchmarks/benchmark_unpack_candidates.py --smoke      (tiny shapes: structure only)
-    python benchmarks/benchmark_unpack_candidates.py OUT.json --from-grid GRID.json --rounds 3
+    python benchmarks/benchmark_decode_vs_engine_design.py OUT.json [--rounds 7] [--budget 420]
+    python benchmarks/benchmark_decode_vs_engine_design.py OUT.json --smoke
+        (tiny shapes: structure only)
+    python benchmarks/benchmark_decode_vs_engine_design.py OUT.json --from-grid GRID.json \
+        --rounds 3
         (part 1 only, at a grid's points slower than the engine design, worst first)
-    python benchmarks/benchmark_unpack_candidates.py OUT.json --from-grid GRID.json \
+    python benchmarks/benchmark_decode_vs_engine_design.py OUT.json --from-grid GRID.json \
         --changed-from combine_seventeenth_pass [--skip K]
         (part 1 only, at every grid point whose combine launch the named table of
         tuning.CANDIDATES chose otherwise: ours, the engine design, the straightforward kernel
@@ -35,14 +37,13 @@ over the combine's kernel measures before the table or the kernel changes.
    median of 5): ours, the engine-design wrapper, the empty-kernel floors, lse_reduce (packed,
    a group of one), at two decode rows.
 
-The JSON (default ``unpack_candidates.json``) keeps every round's time; the short tables print
-last. Rows past ``--budget`` seconds of part 1 are skipped (and listed), so part 2 always runs:
-about 50 ms a graph timing, 8-9 variants x 7 rounds a row, plus the compiles: the whole run
-took 79-91 s on an H100 (2026-12-06); --from-grid about 3.5 s a point.
+OUT.json keeps every round's time (and the run: card, commit, date, command); the short tables
+print last and go to OUT.md. Rows past ``--budget`` seconds of part 1 are skipped (and listed),
+so part 2 always runs: about 50 ms a graph timing, 8-9 variants x 7 rounds a row, plus the
+compiles: the whole run took 79-91 s on an H100 (2026-12-06); --from-grid about 3.5 s a point.
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import statistics
@@ -51,14 +52,17 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout, uninstalled
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the scripts beside it
 
+import dcp_a2a  # noqa: E402  (first: it picks Triton's interpreter on a machine without CUDA)
 import torch  # noqa: E402
 
-import dcp_a2a  # noqa: E402
 from dcp_a2a import ops  # noqa: E402
 from dcp_a2a.kernels import combine, tuning  # noqa: E402
 from dcp_a2a.testing import bench, eager, engine_design, tune  # noqa: E402
 from dcp_a2a.testing import straightforward as sf  # noqa: E402
+
+import _run  # noqa: E402
 
 ROWS = tune.DECODE_ROWS  # (B, H, D, N, dtype)
 # the vLLM column the decode rows were first reported with (us, vLLM main's kernel, CUDA-graph
@@ -278,10 +282,11 @@ def run_settings(smoke, rounds, script):
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("out", nargs="?", default="unpack_candidates.json", help="JSON report")
-    ap.add_argument("--rounds", type=int, default=7, help="interleaved rounds a row")
-    ap.add_argument("--budget", type=float, default=420.0,
+    ap = _run.parser(__doc__, "benchmark_decode_vs_engine_design.py")
+    _run.add_out(ap)
+    ap.add_argument("--rounds", type=_run.positive_int, default=7,
+                    help="interleaved rounds a row")
+    ap.add_argument("--budget", type=_run.positive_float, default=420.0,
                     help="seconds for part 1 (graph replay); rows past it are skipped")
     ap.add_argument("--smoke", action="store_true",
                     help="tiny shapes, wall-clock timer: structure only (on the GPU where there "
@@ -304,7 +309,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     only = args.only.split(",") if args.only else None
     t0 = time.time()
-    run = run_settings(args.smoke, args.rounds, "benchmark_unpack_candidates.py")
+    run = run_settings(args.smoke, args.rounds, "benchmark_decode_vs_engine_design.py")
     if run is None:
         return 2
     device, rows, eager_rows_at, timer, rounds, calls, repeats = run
@@ -335,16 +340,16 @@ def main(argv=None) -> int:
               "torch": torch.__version__, "triton": triton.__version__, "smoke": args.smoke,
               "seconds": time.time() - t0, "graph": graph, "skipped": skipped,
               "eager": eager_rows}
-    with open(args.out, "w") as f:
-        json.dump(report, f, indent=1)
-    print(f"device {report['device']}, torch {torch.__version__}, triton {triton.__version__}, "
-          f"{report['seconds']:.0f} s; {args.out}")
-    if skipped:
-        print(f"skipped past --budget: {skipped}")
-    print(graph_table(graph) if graph else "no graph rows")
-    if eager_rows:
-        print()
-        print(eager.eager_table(eager_rows))
+    with _run.recorded(args.out, "decode_vs_engine_design") as save:
+        save(report)
+        print(f"device {report['device']}, torch {torch.__version__}, triton "
+              f"{triton.__version__}, {report['seconds']:.0f} s; {args.out}")
+        if skipped:
+            print(f"skipped past --budget: {skipped}")
+        print(graph_table(graph) if graph else "no graph rows")
+        if eager_rows:
+            print()
+            print(eager.eager_table(eager_rows))
     return 0
 
 

@@ -1,6 +1,7 @@
 """The scripts in benchmarks/ run end to end on tiny rows (the interpreter on a CPU) and report
 every part they promise: the comparison with vLLM's kernels (a stand-in engine file here, the
-real release on the GPU machine) and the unpack's candidate launches. Structure only: the
+real release on the GPU machine) and the decode rows against the engine design with the
+unpack's candidate launches. Structure only: the
 speeds are the GPU's to measure, never here."""
 
 from __future__ import annotations
@@ -69,14 +70,14 @@ def _wheel(tmp_path, text=_STAND_IN):
 
 def test_the_comparison_with_vllm_runs_on_the_cpu(tmp_path, capsys):
     """--smoke from vLLM's wheel: every part of the report (the decode rows' verdicts for both
-    ops, the large rows, B=1's sum), the card and the commit in the file, the markdown beside
-    it; the stand-in's own imports are never run."""
+    ops, the large rows, B=1's sum), the run (card, commit) in the file, the tables in the .md
+    beside it; a folder as OUT gets the card's file; the stand-in's own imports never run."""
     cmp = _script("benchmark_combine_vs_vllm")
     out = tmp_path / "results"
-    assert cmp.main([str(_wheel(tmp_path)), "--smoke", "--out", str(out)]) == 0
-    report = json.loads((out / "CPU_interpreter.json").read_text())
-    assert report["vllm"]["version"] == "0.34.0" and report["commit"]
-    assert report["card"]["name"] == "CPU interpreter" and report["rounds"] == 2
+    assert cmp.main([str(_wheel(tmp_path)), str(out), "--smoke"]) == 0
+    report = json.loads((out / "cpu.json").read_text())
+    assert report["vllm"]["version"] == "0.34.0" and report["run"]["commit"]
+    assert report["run"]["card"].startswith("CPU") and report["rounds"] == 2
     (row,) = report["decode"]
     for op in ("unpack", "pack"):
         assert set(row[op]["times_us"]) == {"ours", "vllm", "copy"}
@@ -86,10 +87,13 @@ def test_the_comparison_with_vllm_runs_on_the_cpu(tmp_path, capsys):
     assert large["pack"]["verdict"] == "not timed"  # no copy bandwidth on the CPU
     assert report["b1"]["target_us"] == cmp.B1_US and report["b1"]["verdict"] in (
         "met", "missed", "undecided")
-    md = (out / "CPU_interpreter.md").read_text()
-    assert md.startswith("# Ours against vLLM's kernels on one CPU interpreter")
+    md = (out / "cpu.md").read_text()
+    assert md.startswith("# combine_vs_vllm on CPU") and "- command: `python benchmarks/" in md
     assert "| B | H | D | N | dtype | unpack us" in md and "B=1 (" in md
-    assert md in capsys.readouterr().out
+    assert md.split("\n\n", 2)[2].strip() in capsys.readouterr().out  # the tables, printed
+    assert [cmp.card_stem(n) for n in ("NVIDIA H100 80GB HBM3", "NVIDIA H200", "CPU (x86_64)",
+                                       "NVIDIA A100-SXM4-80GB")] == ["h100", "h200", "cpu",
+                                                                     "a100"]
 
 
 def test_the_comparison_reads_vllms_file_or_tree_and_names_what_it_lacks(tmp_path):
@@ -105,13 +109,13 @@ def test_the_comparison_reads_vllms_file_or_tree_and_names_what_it_lacks(tmp_pat
     with pytest.raises(ValueError, match=r"defines no _dcp_a2a_pack_send\b"):
         cmp.load_engine(lacking, tmp_path)
     with pytest.raises(SystemExit):
-        cmp.main([str(file), "--rounds", "1"])
+        cmp.main([str(file), str(tmp_path), "--rounds", "1"])
 
 
-def test_the_unpack_candidates_run_on_the_cpu(tmp_path, capsys):
-    """benchmarks/benchmark_unpack_candidates.py --smoke: tiny shapes in the interpreter, every
-    part of the report and both tables (the GPU run is the measurement)."""
-    probe = _script("benchmark_unpack_candidates")
+def test_the_decode_rows_against_the_engine_design_run_on_the_cpu(tmp_path, capsys):
+    """benchmarks/benchmark_decode_vs_engine_design.py --smoke: tiny shapes in the interpreter,
+    every part of the report and both tables (the GPU run is the measurement)."""
+    probe = _script("benchmark_decode_vs_engine_design")
     assert len(probe.ROWS) == 17 and len(probe.REPORTED_VLLM_US) == 17
     out = tmp_path / "probe.json"
     assert probe.main([str(out), "--smoke"]) == 0
@@ -127,10 +131,10 @@ def test_the_unpack_candidates_run_on_the_cpu(tmp_path, capsys):
     assert any(line.startswith("ratios: medians of the per-round ratios") for line in printed)
 
 
-def test_the_unpack_candidates_take_a_grids_points_slower_than_the_engine(tmp_path):
+def test_the_decode_probe_takes_a_grids_points_slower_than_the_engine(tmp_path):
     """--from-grid: the points of a grid's JSON not met against the engine design at or above
     --min-ratio, worst first; no eager part and no fma run (tiny points, the interpreter)."""
-    probe = _script("benchmark_unpack_candidates")
+    probe = _script("benchmark_decode_vs_engine_design")
 
     def point(b, ratio, verdict):
         return {"B": b, "H": 4, "D": 8, "N": 2, "dtype": "float16",
@@ -150,13 +154,13 @@ def test_the_unpack_candidates_take_a_grids_points_slower_than_the_engine(tmp_pa
                for r in report["graph"])
 
 
-def test_the_unpack_candidates_take_a_grids_points_whose_launch_changed(tmp_path, monkeypatch):
+def test_the_decode_probe_takes_a_grids_points_whose_launch_changed(tmp_path, monkeypatch):
     """--changed-from TABLE: the grid's points whose combine launch TABLE chose otherwise than
     the table in force (compiled rules), worst against the engine design first, each with
     TABLE's launch; the smoke run times it beside ours as "was"."""
     from dcp_a2a.kernels import tuning
 
-    probe = _script("benchmark_unpack_candidates")
+    probe = _script("benchmark_decode_vs_engine_design")
 
     def point(b, h, d, n, dtype, ratio):
         return {"B": b, "H": h, "D": d, "N": n, "dtype": dtype, "unpack_engine_ratio": ratio}
