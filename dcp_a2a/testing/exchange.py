@@ -42,9 +42,16 @@ def exchange(sends):
     return all_to_all(sends)
 
 
+def _has(impl, name: str) -> bool:
+    """Whether ``impl`` (an Implementation, or any object with the contract's functions)
+    has the function ``name``."""
+    has = getattr(impl, "has", None)
+    return has(name) if callable(has) else callable(getattr(impl, name, None))
+
+
 def packed(impl) -> bool:
     """Whether the implementation merges through the packed wire (pack_send, unpack_combine)."""
-    return all(impl.has(n) for n in ("lse_pack_dim", "pack_send", "unpack_combine"))
+    return all(_has(impl, n) for n in ("lse_pack_dim", "pack_send", "unpack_combine"))
 
 
 def merge_heads(impl, outs, lses, rank, *, return_lse, base_e):
@@ -63,7 +70,7 @@ def merge_all(impl, outs, lses, *, return_lse, base_e, ranks=None, **mask):
     """Every rank's (or only ``ranks``') merged heads: unpack_combine of what every rank's
     pack_send sent it, or (an implementation without the wire) its merge; None for the
     others. Masks need the wire (the merge surface takes none)."""
-    if not packed(impl) and impl.has("merge"):
+    if not packed(impl) and _has(impl, "merge"):
         if any(v is not None for v in mask.values()):
             impl.pack_send  # the masks go through pack_send: MissingFunction names it
         return [merge_heads(impl, outs, lses, r, return_lse=return_lse, base_e=base_e)

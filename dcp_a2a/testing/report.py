@@ -189,19 +189,10 @@ def verdict_word(report: dict) -> str:
 def implementation_line(report: dict) -> str:
     """The first line of every summary: exactly whose code the numbers below measured, and what
     of the contract it lacks (a PASS of a partial implementation skipped those tests)."""
-    from .surfaces import SURFACES
-
     i = report["implementation"]
     lacks = i.get("missing") or []
-    line = (f"implementation under test: {i['described']}"
+    return (f"implementation under test: {i['described']}"
             + (f"; lacks {', '.join(lacks)} (tests needing it skip)" if lacks else ""))
-    if "surfaces" in i:
-        absent = [s for s in SURFACES if s not in i["surfaces"]]
-        line += (f"\n  surfaces: {', '.join(i['surfaces'])}"
-                 + (f"; not exposed (not applicable): {', '.join(absent)}" if absent else "")
-                 + (f"; envelope: {i['envelope']}" if i.get("envelope") not in
-                    (None, "the whole contract") else ""))
-    return line
 
 
 def failures_by_clause(fails: list[dict]) -> dict[str, list]:
