@@ -14,9 +14,11 @@ The programs that run per rank start under torchrun the same way::
     torchrun --nproc-per-node 2 -m dcp_a2a bench --collective ...
 
 Every program takes its flags by the rules of :mod:`.args` (a bad value is one line and exit
-status 2 before any work). Each program is a module with ``add_arguments(parser)``,
-``SUMMARY`` and ``main(args)``; the old entry points (``python -m dcp_a2a.testing.accuracy``,
-``.bench``, ``.selfcheck``, the ``dcp-a2a-bench`` script) run the same program.
+status 2 before any work; a flag declared with a plain type gets the shared rule of its kind,
+:data:`SHARED_TYPES`). Each program is a module with ``add_arguments(parser)`` and
+``main(args)`` (and a ``SUMMARY`` line); the old entry points (``python -m
+dcp_a2a.testing.accuracy``, ``.bench``, ``.selfcheck``, the ``dcp-a2a-bench`` script) run the
+same program.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import importlib
 import sys
 from pathlib import Path
 
+from . import args as a
 from .args import EXIT_USAGE, Parser
 
 # command -> the module of its program
@@ -70,12 +73,56 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict]:
     subs = {}
     for command in PROGRAMS:
         mod = program(command)
-        sp = sub.add_parser(command, help=mod.SUMMARY,
-                            description=getattr(mod, "DESCRIPTION", mod.SUMMARY),
+        summary = getattr(mod, "SUMMARY", None) or _first_line(mod.__doc__)
+        sp = sub.add_parser(command, help=summary,
+                            description=getattr(mod, "DESCRIPTION", summary),
                             epilog=getattr(mod, "EPILOG", None))
         mod.add_arguments(sp)
+        _share_rules(sp)
         subs[command] = sp
     return p, subs
+
+
+def _first_line(doc: str | None) -> str:
+    line = (doc or "").strip().split("\n\n")[0].replace("\n", " ").replace("``", "")
+    return line.split(": ", 1)[-1] if line.startswith("dcp-a2a") else line
+
+
+def _tiers(value: str) -> str:
+    from .tiers import TIERS
+
+    return ",".join(a.items(TIERS, "tier")(value))
+
+
+def _release_dir(value: str) -> Path:
+    return Path(a.existing_dir(value)).expanduser()
+
+
+# What a flag of a given name and kind takes in every program (.args): applied to the flags a
+# program declared with plain types, so that none of them takes a value the others refuse.
+# (dest, metavar) -> type; the value each gives is what the plain type gave (a string for tiers,
+# a path for a folder read), so the program reads it as before.
+SHARED_TYPES = {("out", "DIR"): a.out_dir, ("tiers", "T1,T2"): _tiers,
+                ("workers", "N"): a.processes, ("releases", "DIR"): _release_dir,
+                ("engine", "SPEC"): a.text("an implementation spec")}
+
+
+def _share_rules(parser: argparse.ArgumentParser) -> None:
+    for action in parser._actions:
+        rule = SHARED_TYPES.get((action.dest, action.metavar))
+        if rule is not None and action.type in (None, str, Path):
+            action.type = rule
+
+
+def _refuse_repeats(parser: argparse.ArgumentParser, args) -> None:
+    """A repeatable flag (``action="append"``) given the same value twice: a usage error."""
+    for action in parser._actions:
+        if isinstance(action, argparse._AppendAction):
+            values = getattr(args, action.dest, None) or []
+            twice = sorted({str(v) for v in values if values.count(v) > 1})
+            if twice:
+                parser.error(f"argument {action.option_strings[-1]}: {', '.join(twice)} "
+                             "given twice")
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -85,6 +132,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     args = parser.parse_args(argv)
     args.argv = list(argv)
     if args.command is not None:
+        _refuse_repeats(subs[args.command], args)
         check = getattr(program(args.command), "check", None)
         if check is not None:
             check(subs[args.command], args)

@@ -192,12 +192,16 @@ ROWS = [
     ("gpu-check", ["--skip", "bench", "bench"], "argument --skip: bench given twice"),
     ("gpu-check", ["--skip", "bogus"], "argument --skip: invalid choice: 'bogus'"),
     # engines
+    # (engines declares its flags with plain types: the shared rules reach them by kind)
     ("engines", ["--engine", "vllm", "--engine", "vllm"], "argument --engine: vllm given twice"),
     ("engines", ["--engine", ""], "argument --engine: empty"),
-    ("engines", ["--engine", "bogus"], "argument --engine: unknown engine 'bogus'"),
     ("engines", ["--out", ""], "argument --out: '': is empty"),
-    ("engines", ["-j", "-1"], "argument -j/--workers: expected auto"),
+    ("engines", ["--out", F], "argument --out: a_file: exists and is not a directory"),
+    ("engines", ["-j", "0"], "argument -j/--workers: expected a whole number from 1"),
     ("engines", ["--tiers", "unit,unit"], "argument --tiers: tier unit given twice"),
+    ("engines", ["--tiers", "bogus"], "argument --tiers: unknown tier 'bogus'"),
+    ("engines", ["--releases", "/nonexistent"], "argument --releases: /nonexistent: no such "
+                                                "directory"),
 ]
 
 
