@@ -30,8 +30,10 @@ from .kernels import pack as _pack
 from .kernels import tuning as _tuning
 from .wire import (
     check_head_split,
+    check_into,
     check_output_and_lse,
     check_seq_meta,
+    check_seq_values,
     check_wire_buffer,
     lse_pack_dim as _lse_pack_dim,
     reach,
@@ -73,7 +75,8 @@ class _Kept:
     for the pack the byte reach of send, out and lse (0: the overlap test does not apply)."""
 
     __slots__ = ("active", "interpret", "site", "hpr", "send_bytes", "out_bytes", "lse_bytes",
-                 "out_shape", "lse_shape", "dtype", "device", "aligns")
+                 "out_shape", "lse_shape", "dtype", "device", "aligns", "recv_bytes",
+                 "into_bytes")
 
     def __init__(self, site):
         self.active, self.interpret, self.site = _tuning.ACTIVE, _env.INTERPRET, site
@@ -119,7 +122,9 @@ def pack_send(out, lse, send, world_size, h_per_rank, head_dim, lse_pack_dim,
     rounded). ``seq_lens[num_seqs]`` (this rank's local KV length per request) and
     ``query_start_loc[num_seqs + 1]`` (cumulative query rows, non-decreasing) mask empty and
     padding rows: their LSE is sent as -inf. Raises ValueError/TypeError for any inconsistent
-    argument, before the launch.
+    argument, before the launch; CPU index tensors' values too (a negative KV length, a
+    decreasing query_start_loc, rows past the batch). CUDA index tensors are not read on the
+    host: any values have the meaning :func:`dcp_a2a.wire.check_seq_values` states.
     """
     kept = key = None
     if type(out) is _Tensor and type(lse) is _Tensor and type(send) is _Tensor:
@@ -138,6 +143,8 @@ def pack_send(out, lse, send, world_size, h_per_rank, head_dim, lse_pack_dim,
         _pack_checked(out, lse, send, world_size, h_per_rank, head_dim, lse_pack_dim,
                       seq_lens, query_start_loc, key)
         return
+    if seq_lens is not None and seq_lens.is_cpu:  # values on the host: checked every call
+        check_seq_values(seq_lens, query_start_loc, out.shape[0])
     sb = kept.send_bytes
     if sb and ((ps < po + kept.out_bytes and po < ps + sb)
                or (ps < pl + kept.lse_bytes and pl < ps + sb)):
@@ -175,6 +182,8 @@ def _pack_checked(out, lse, send, world_size, h_per_rank, head_dim, lse_pack_dim
     if send.device != out.device:  # out and lse were compared above
         require_same_device(out=out, lse=lse, send=send)
     check_seq_meta(seq_lens, query_start_loc, B, out.device)
+    if seq_lens is not None and seq_lens.is_cpu:
+        check_seq_values(seq_lens, query_start_loc, B)
     require_disjoint("send", send, out=out, lse=lse)
     if B and H:
         require_runnable_device(out)
@@ -187,27 +196,41 @@ def _pack_checked(out, lse, send, world_size, h_per_rank, head_dim, lse_pack_dim
         _keep(_PACK_CALLS, key, kept)
 
 
-def unpack_combine(recv, head_dim, lse_pack_dim, return_lse, is_lse_base_on_e):
+def unpack_combine(recv, head_dim, lse_pack_dim, return_lse, is_lse_base_on_e, into=None):
     """Merge the received wire buffer ``recv[N, B, H/N, D+P]``.
 
     Returns ``out[B, H/N, D]`` in recv's dtype, and ``(out, lse[B, H/N] float32)`` when
     ``return_lse``. ``is_lse_base_on_e=False`` merges with exp2/log2 and returns a base-2 LSE.
+    ``into``: a caller's ``[B, H/N, D]`` buffer of recv's dtype on recv's device (any strides;
+    it must not overlap recv): the merged output is written there and ``into`` is returned in
+    ``out``'s place, nothing allocated for it (the LSE, when asked for, is still a fresh
+    tensor).
     """
     kept = key = None
-    if type(recv) is _Tensor:
+    if type(recv) is _Tensor and (into is None or type(into) is _Tensor):
         try:
             pr = recv.data_ptr()
             key = (recv.shape, recv.stride(), recv.dtype, recv.device, pr & 15,
                    type(head_dim), head_dim, type(lse_pack_dim), lse_pack_dim,
                    type(return_lse), return_lse, type(is_lse_base_on_e), is_lse_base_on_e)
+            if into is not None:
+                pi = into.data_ptr()
+                key = (*key, into.shape, into.stride(), into.dtype, into.device, pi & 15,
+                       into.requires_grad)
             kept = _UNPACK_CALLS.get(key)
         except LOOKUP_ERRORS:
             key = None
     if kept is None or not kept.current() or kept.site is None:
         return _unpack_checked(recv, head_dim, lse_pack_dim, return_lse, is_lse_base_on_e,
-                               key, kept)
-    out = torch.empty(kept.out_shape, dtype=kept.dtype, device=kept.device)
-    po = out.data_ptr()
+                               key, kept, into)
+    if into is None:
+        out = torch.empty(kept.out_shape, dtype=kept.dtype, device=kept.device)
+        po = out.data_ptr()
+    else:
+        out, po = into, pi
+        ib = kept.into_bytes  # the overlap of the caller's buffer with recv: every call
+        if ib and po < pr + kept.recv_bytes and pr < po + ib:
+            require_disjoint("into", into, recv=recv)  # raises, naming the overlap
     if return_lse:
         lse = torch.empty(kept.lse_shape, dtype=torch.float32, device=kept.device)
         pl = lse.data_ptr()
@@ -215,10 +238,11 @@ def unpack_combine(recv, head_dim, lse_pack_dim, return_lse, is_lse_base_on_e):
             return out, lse
     elif (po & 15, po & 15) == kept.aligns and kept.site(pr, pr, po, po, po, po):
         return out
-    return _combine.combine_packed(recv, head_dim, return_lse, is_lse_base_on_e)
+    return _combine.combine_packed(recv, head_dim, return_lse, is_lse_base_on_e, out=into)
 
 
-def _unpack_checked(recv, head_dim, lse_pack_dim, return_lse, is_lse_base_on_e, key, kept):
+def _unpack_checked(recv, head_dim, lse_pack_dim, return_lse, is_lse_base_on_e, key, kept,
+                    into=None):
     """unpack_combine's every check (unless ``kept``: this key passed them), then the launch;
     the key is kept once the checks pass."""
     fresh = kept is None or not kept.current()
@@ -230,12 +254,16 @@ def _unpack_checked(recv, head_dim, lse_pack_dim, return_lse, is_lse_base_on_e, 
                                       lse_pack_dim_=lse_pack_dim)
         if N < 1:
             raise ValueError("recv must hold at least one peer slice (N >= 1)")
+        if into is not None:
+            check_into(into, (B, hpr, head_dim), recv.dtype, recv.device)
         if B and hpr:
             require_runnable_device(recv)
+    if into is not None:
+        require_disjoint("into", into, recv=recv)
     if key is None:  # nothing to keep (a tensor subclass)
-        return _combine.combine_packed(recv, head_dim, return_lse, is_lse_base_on_e)
+        return _combine.combine_packed(recv, head_dim, return_lse, is_lse_base_on_e, out=into)
     res, site = _combine.combine_packed(recv, head_dim, return_lse, is_lse_base_on_e,
-                                        with_site=True)
+                                        with_site=True, out=into)
     out, lse = res if return_lse else (res, res)
     if not fresh:
         # kept without a Site: its first launch could not be bound (a launch hook was on, a
@@ -248,5 +276,7 @@ def _unpack_checked(recv, head_dim, lse_pack_dim, return_lse, is_lse_base_on_e, 
     kept.out_shape, kept.lse_shape = out.shape, lse.shape
     kept.dtype, kept.device = out.dtype, out.device
     kept.aligns = (out.data_ptr() & 15, lse.data_ptr() & 15)
+    kept.recv_bytes = _reach_bytes(recv)
+    kept.into_bytes = 0 if into is None else _reach_bytes(into)
     _keep(_UNPACK_CALLS, key, kept)
     return res

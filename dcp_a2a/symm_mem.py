@@ -189,10 +189,14 @@ class SymmMemBuffers:
             out.append(b)
         return out
 
-    def check_call(self, out: torch.Tensor, world_size: int, rank: int) -> None:
-        """ValueError unless a call with ``out[B, H, D]`` fits these buffers."""
+    def check_call(self, out: torch.Tensor, world_size: int, rank: int,
+                   head_dim: int | None = None) -> None:
+        """ValueError unless a call with ``out[B, H, D]`` fits these buffers (``head_dim``: the
+        width the exchange carries when it is not D, the up-projected V)."""
         t = self.tables
         B, H, D = out.shape
+        if head_dim is not None:
+            D = head_dim
         if (world_size, rank) != (t.world_size, t.rank):
             raise ValueError(
                 f"these SymmMemBuffers were made for rank {t.rank} of {t.world_size}, but the "
