@@ -132,8 +132,8 @@ def _blocks(B: int, V: int, dtype: torch.dtype) -> tuple[int, int, int, int]:
 
 
 # The interpreter's products of a program: BLOCK_H x tokens x L x V fp32 values at most this
-# many (numpy temporaries of ~16 MB); more tokens go in several launches.
-_INTERPRETER_ELEMENTS = 1 << 22
+# many (numpy temporaries of 4 MB); more tokens go in several launches.
+_INTERPRETER_ELEMENTS = 1 << 20  # also Triton's largest tile
 
 
 def _project_interpreted(x, w, y) -> None:
