@@ -62,7 +62,11 @@ Step = tuple[str, Any]
 @dataclass(frozen=True)
 class Group:
     """The DCP group as ``lse_reduce`` sees it. Engines may pass any object with these three
-    attributes (their own group coordinator)."""
+    attributes (their own group coordinator). A plain record: what it holds is checked where it
+    is used (``lse_reduce``, ``SymmMemBuffers``: ``world_size`` an int >= 1, ``rank_in_group``
+    an int in [0, world_size), ``device_group`` a ProcessGroup of that size in which this
+    process has that rank, or None for a group of one), each a ValueError/TypeError naming the
+    field before any kernel or collective."""
 
     world_size: int
     rank_in_group: int
@@ -70,8 +74,18 @@ class Group:
 
     @classmethod
     def from_process_group(cls, pg=None) -> "Group":
+        """The group of a torch.distributed ProcessGroup (default: the world), whose size and
+        this process's rank in it it reads. TypeError for anything but a ProcessGroup or None,
+        ValueError where torch.distributed is not initialised."""
         import torch.distributed as dist
 
+        if pg is not None and not isinstance(pg, dist.ProcessGroup):
+            raise TypeError(f"Group.from_process_group takes a torch.distributed.ProcessGroup "
+                            f"(or None for the world), got {type(pg).__name__}")
+        if pg is None and not (dist.is_available() and dist.is_initialized()):
+            raise ValueError("Group.from_process_group() needs torch.distributed: call "
+                             "torch.distributed.init_process_group first (or pass a "
+                             "ProcessGroup)")
         pg = pg if pg is not None else dist.group.WORLD
         return cls(dist.get_world_size(pg), dist.get_rank(pg), pg)
 
@@ -92,8 +106,10 @@ def _check_process_group(pg, n: int, r: int) -> None:
         raise ValueError(f"world_size={n} needs torch.distributed, which this torch lacks")
     if not isinstance(pg, dist.ProcessGroup):
         if not dist.is_initialized():
-            raise ValueError(f"world_size={n} needs torch.distributed: call "
-                             "torch.distributed.init_process_group first")
+            raise ValueError(f"group.device_group is a {type(pg).__name__}, not a "
+                             f"torch.distributed.ProcessGroup, and world_size={n} needs "
+                             "torch.distributed: call torch.distributed.init_process_group "
+                             "first and pass the DCP group's ProcessGroup")
         return
     if pg.size() != n:
         raise ValueError(f"group.device_group has {pg.size()} ranks but "

@@ -175,6 +175,7 @@ def _pack_checked(out, lse, send, world_size, h_per_rank, head_dim, lse_pack_dim
     if head_dim != D:
         raise ValueError(f"head_dim={head_dim} does not match out's last dim {D}")
     p = _lse_pack_dim(out.dtype)
+    require_int("lse_pack_dim", lse_pack_dim, 1)
     if lse_pack_dim != p:
         raise ValueError(f"lse_pack_dim={lse_pack_dim} does not match {out.dtype} (expected {p})")
     check_wire_buffer("send", send, head_dim=D, lse_pack_dim_=p, dtype=out.dtype,

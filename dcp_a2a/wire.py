@@ -171,6 +171,7 @@ def check_wire_buffer(name: str, buf, *, head_dim: int, lse_pack_dim_: int, expe
     p = lse_pack_dim(buf_dtype)
     if dtype is not None and buf_dtype != dtype:
         raise ValueError(f"{name} dtype {buf_dtype} does not match the output dtype {dtype}")
+    require_int("lse_pack_dim", lse_pack_dim_, 1)
     if lse_pack_dim_ != p:
         raise ValueError(
             f"lse_pack_dim={lse_pack_dim_} does not match {name} dtype {buf_dtype} (expected {p})"
