@@ -33,7 +33,8 @@ from .kernels.combine import combine_separate, scale_for_reduce_scatter
 from .kernels.direct import combine_from_peers, pack_to_peers
 from .kernels.pack import lse_to_wire
 from .kernels.project import project
-from .ops import LOOKUP_ERRORS, index_key, keep, kept_table, pack_send, unpack_combine
+from . import custom_ops as _custom
+from .ops import LOOKUP_ERRORS, compiling, index_key, keep, kept_table, pack_send, unpack_combine
 from .symm_mem import SymmMemBuffers
 from .up_projection import ORDERS as UP_PROJ_ORDERS
 from .up_projection import choose as choose_up_proj_order
@@ -505,6 +506,15 @@ def lse_reduce(out, lse, group, *, return_lse=False, is_lse_base_on_e=True, seq_
     from the card's switch point on, :mod:`dcp_a2a.up_projection`). Every backend; symm_mem
     carries the one head width its SymmMemBuffers were made for (``"auto"`` takes that order).
     """
+    if compiling():
+        if backend != "packed" or buffers is not None or check_ranks:
+            return _lse_reduce_eagerly(out, lse, group, return_lse=return_lse,
+                                       is_lse_base_on_e=is_lse_base_on_e, seq_lens=seq_lens,
+                                       query_start_loc=query_start_loc, backend=backend,
+                                       buffers=buffers, check_ranks=check_ranks, into=into,
+                                       w_uv=w_uv, up_proj=up_proj)
+        return _compiled_lse_reduce(out, lse, group, return_lse, is_lse_base_on_e, seq_lens,
+                                    query_start_loc, into, w_uv, up_proj)
     n, r = check_group(group)
     if check_ranks is not None:
         require_bool("check_ranks", check_ranks)
@@ -533,3 +543,51 @@ def _wire_lanes(out, w_uv, up_proj: str, world_size: int, backend: str, buffers)
         order = choose_up_proj_order(up_proj, B, world_size, out.device, H, L, w_uv.shape[2],
                                      out.dtype)
     return out.shape[2] if order == "after_merge" else w_uv.shape[2]
+
+
+@torch._disable_dynamo
+def _lse_reduce_eagerly(*args, **kwargs):
+    """lse_reduce run eagerly from compiled code (a graph break; an error under
+    fullgraph=True): the backends other than packed, caller-owned staging buffers and
+    check_ranks (an all-gather and a host sync) have no traced form."""
+    return lse_reduce(*args, **kwargs)
+
+
+def _compiled_lse_reduce(out, lse, group, return_lse, is_lse_base_on_e, seq_lens,
+                         query_start_loc, into, w_uv, up_proj):
+    """lse_reduce as torch.compile traces it (dcp_a2a.custom_ops): the checks that read no
+    address, then the pack, torch's functional all_to_all_single and the combine as ops of the
+    graph (the ops check the rest, addresses included, when the graph runs); backend "packed",
+    staging in the graph's own tensors."""
+    n, r = check_group(group)
+    hpr = _check_call(out, lse, n, return_lse, is_lse_base_on_e, seq_lens, query_start_loc,
+                      "packed", None, w_uv, up_proj)
+    B, H, D = out.shape
+    p = lse_pack_dim(out.dtype)
+    order, exchanged = None, out
+    if w_uv is not None:
+        V = w_uv.shape[2]
+        order = choose_up_proj_order(up_proj, B, n, out.device, H, D, V, out.dtype)
+        if order == "before_exchange":
+            exchanged = out.new_empty((B, H, V))
+            _custom.project(out, w_uv, exchanged)
+    lanes = exchanged.shape[2]
+    send = out.new_empty((n, B, hpr, lanes + p))
+    _custom.pack_send(exchanged, lse, send, n, hpr, lanes, p, seq_lens, query_start_loc)
+    if n > 1:
+        from torch.distributed import _functional_collectives as funcol
+
+        recv = funcol.all_to_all_single(send, None, None, group.device_group)
+    else:
+        recv = send
+    if order == "after_merge":
+        latent, lse_out = _custom.unpack_combine(recv, lanes, p, return_lse, is_lse_base_on_e)
+        result = into if into is not None else out.new_empty((B, hpr, w_uv.shape[2]))
+        _custom.project(latent, w_uv[r * hpr:(r + 1) * hpr], result)
+    elif into is None:
+        result, lse_out = _custom.unpack_combine(recv, lanes, p, return_lse, is_lse_base_on_e)
+    else:
+        lse_out = _custom.unpack_combine_into(recv, into, lanes, p, return_lse,
+                                              is_lse_base_on_e)
+        result = into
+    return (result, lse_out) if return_lse else result

@@ -112,10 +112,20 @@ def switch_point(device: torch.device, world_size: int, heads: int, latent: int,
     return byte_model_switch(heads, latent, value, world_size)
 
 
+# torch.compile calls it while tracing and keeps its result as a constant of the graph (no trace
+# of the data file's reading); eagerly it is switch_point itself
+_traced_switch_point = torch.compiler.assume_constant_result(
+    lambda device, world_size, heads, latent, value, dtype:
+    switch_point(device, world_size, heads, latent, value, dtype))
+
+
 def choose(up_proj: str, batch: int, world_size: int, device: torch.device, heads: int,
            latent: int, value: int, dtype: torch.dtype) -> str:
     """``"before_exchange"`` or ``"after_merge"``: ``up_proj`` itself unless it is "auto"."""
     if up_proj != "auto":
         return up_proj
-    at = switch_point(device, world_size, heads, latent, value, dtype)
+    if torch.compiler.is_dynamo_compiling():
+        at = _traced_switch_point(device, world_size, heads, latent, value, dtype)
+    else:
+        at = switch_point(device, world_size, heads, latent, value, dtype)
     return "before_exchange" if at is not None and batch >= at else "after_merge"
