@@ -127,6 +127,7 @@ def share_cores(workers: int) -> None:
 # the self-check runs each mutant, stops early): single-process contract tests, then the group of
 # 3 ranks, then numerics, then the pools of ranks.
 _SUITE_ORDER = ("conformance/test_args", "conformance/test_wire_format", "conformance/test_merge",
+                "conformance/test_caller_buffer", "conformance/test_up_projection",
                 "conformance/test_graphs",
                 "conformance/test_process_groups", "conformance/test_pack",
                 "conformance/test_combine", "conformance/test_group_of_one",
