@@ -3,8 +3,8 @@
 
     pack_send(out, lse, send, world_size, h_per_rank, head_dim, lse_pack_dim,
               seq_lens=None, query_start_loc=None) -> None
-    unpack_combine(recv, head_dim, lse_pack_dim, return_lse, is_lse_base_on_e)
-        -> out[B, H/N, D]  or  (out, lse[B, H/N] float32)
+    unpack_combine(recv, head_dim, lse_pack_dim, return_lse, is_lse_base_on_e, into=None)
+        -> out[B, H/N, D]  or  (out, lse[B, H/N] float32)   (out is ``into`` when given)
 
 Shapes, dtypes and the wire format ``[N, B, H/N, D+P]`` are described in :mod:`dcp_a2a.wire`.
 
@@ -17,7 +17,11 @@ runs only what depends on the addresses themselves (the staging buffer's overlap
 inputs) and launches the kept Site with the new addresses. A key counts only while the launch
 table and the interpreter switch are those it was made under and no override is set; nothing
 is kept under an override. Code that swaps the ops' internals some other way (a test's
-monkeypatch) calls :func:`forget_calls` around it.
+monkeypatch) calls :func:`forget_calls` around it. A caller's result buffer (``into``) is part of
+the key (its shape, strides, dtype, device, alignment); its overlap with recv is checked on
+every call.
+
+Under ``torch.compile`` both ops trace as the custom ops of :mod:`dcp_a2a.custom_ops`.
 """
 
 from __future__ import annotations
