@@ -1,6 +1,7 @@
 """Print, as JSON, the PTX Triton generates for an H100/H200 (sm_90) for the up-projection
-kernel's compiled launches (dcp_a2a.kernels.project) at a decode shape, bf16 and fp32: ``{name: ptx}``. No GPU needed; run with ``TRITON_INTERPRET=0`` (test_project_codegen.py
-does). The launches are captured as ptx_probe.py captures them."""
+kernel's compiled launch (dcp_a2a.kernels.project) at a decode shape, bf16 and fp32:
+``{name: ptx}``. No GPU needed; run with ``TRITON_INTERPRET=0`` (test_project_codegen.py does).
+The launches are captured as ptx_probe.py captures them."""
 
 from __future__ import annotations
 
