@@ -308,11 +308,10 @@ def test_bad_w_uv_refused_before_any_collective(impl, case):
         impl.lse_reduce(outs[0], lses[0], Group(n, 0, TripwireGroup(n)), w_uv=w)
 
 
-def test_bound_rejects_the_other_order_s_rounding():
-    """The two orders' bounds differ where they should: a result rounded as the other order
-    rounds (project-first values judged as merge-first and vice versa) is still inside the
-    union, but the oracle's own rounding of the latent to T, projected in float64, stays
-    within the merge-first bound (a sanity check of projection_bounds, implementation-free)."""
+def test_projection_bound_admits_the_rounded_oracle():
+    """The oracle's latent rounded to T and projected in float64 (the most accurate merge-first
+    result there is) is within the merge-first bound, and every element has a positive bound
+    in the other order (a check of projection_bounds itself, implementation-free)."""
     n, b, h, lat, v = 2, 4, 2, 64, 16
     outs, lses = partials(n, b, h, lat, torch.bfloat16, seed=3)
     w = _weights_uv(h, lat, v, torch.bfloat16)
