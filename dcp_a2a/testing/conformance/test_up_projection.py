@@ -84,9 +84,10 @@ def _check_ranks(request, impl, results, logs, outs, lses, w, *, base_e, return_
         out, lse = res if return_lse else (res, None)
         assert out.dtype == outs.dtype, f"rank {r}: output dtype {out.dtype} != {outs.dtype}"
         assert tuple(out.shape) == (b, h // n, v), f"rank {r}: output shape {tuple(out.shape)}"
-        rep = check_up_projection(out.cpu(), None if lse is None else lse.cpu(), outs.cpu(),
-                                  lses.cpu(), w.cpu(), order=order, is_lse_base_on_e=base_e,
-                                  heads=heads_of(r, n, h))
+        # on the partials' device (the float64 oracle of DeepSeek-V3's shapes: the GPU's)
+        rep = check_up_projection(out.to(outs.device), None if lse is None else lse, outs,
+                                  lses, w.to(outs.device), order=order,
+                                  is_lse_base_on_e=base_e, heads=heads_of(r, n, h))
         _record(request, rep, impl)
         assert rep.ok, f"rank {r}, {order}:\n{rep.describe()}"
     return order
