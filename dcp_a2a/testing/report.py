@@ -162,10 +162,13 @@ def contract_lines(report: dict) -> list[str]:
             lines.append(f"  {r['clause']}: not applicable ({'; '.join(r['not_applicable_why'])})")
         elif r["outside"]:
             lines.append(f"  {r['clause']}: every case outside the envelope")
-    limits = sorted({w for r in report.get("contract") or [] for w in r["outside_why"]})
-    if limits:
-        lines.append("  outside the envelope, not judged: " + "; ".join(limits[:6])
-                     + (f" (+{len(limits) - 6} more)" if len(limits) > 6 else ""))
+    for r in report.get("contract") or []:
+        for lim in r.get("limits") or []:
+            lines.append(f"  envelope limit: {lim}")
+    outside = sorted({w for r in report.get("contract") or [] for w in r["outside_why"]})
+    if outside:
+        lines.append("  outside the envelope, not judged: " + "; ".join(outside[:6])
+                     + (f" (+{len(outside) - 6} more)" if len(outside) > 6 else ""))
     total = len(report.get("contract") or [])
     lines.append(f"  {len(judged)} of {total} clauses judged")
     return lines
@@ -186,10 +189,19 @@ def verdict_word(report: dict) -> str:
 def implementation_line(report: dict) -> str:
     """The first line of every summary: exactly whose code the numbers below measured, and what
     of the contract it lacks (a PASS of a partial implementation skipped those tests)."""
+    from .surfaces import SURFACES
+
     i = report["implementation"]
     lacks = i.get("missing") or []
-    return (f"implementation under test: {i['described']}"
+    line = (f"implementation under test: {i['described']}"
             + (f"; lacks {', '.join(lacks)} (tests needing it skip)" if lacks else ""))
+    if "surfaces" in i:
+        absent = [s for s in SURFACES if s not in i["surfaces"]]
+        line += (f"\n  surfaces: {', '.join(i['surfaces'])}"
+                 + (f"; not exposed (not applicable): {', '.join(absent)}" if absent else "")
+                 + (f"; envelope: {i['envelope']}" if i.get("envelope") not in
+                    (None, "the whole contract") else ""))
+    return line
 
 
 def failures_by_clause(fails: list[dict]) -> dict[str, list]:
