@@ -1,8 +1,8 @@
 """MLA up-projection around the DCP exchange: project before the exchange or after the merge.
 
-    python benchmarks/benchmark_up_projection.py [--out up_projection.json] [--write]
-    python benchmarks/benchmark_up_projection.py --smoke            # CPU, tiny shapes, seconds
-    torchrun --nproc-per-node N benchmarks/benchmark_up_projection.py --distributed
+    python benchmarks/benchmark_up_projection.py OUT.json [--write]
+    python benchmarks/benchmark_up_projection.py OUT.json --smoke   # CPU, tiny shapes, seconds
+    torchrun --nproc-per-node N benchmarks/benchmark_up_projection.py OUT.json --distributed
 
 One GPU (the default): at H heads, latent width L, value width V (DeepSeek-V3: 128, 512, 128),
 for each DCP size N (4 and 8) and token count B (1 to 8192), the local work of one rank in both
@@ -34,11 +34,9 @@ one wall-clock call: checks the script, not the card.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import math
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -48,6 +46,8 @@ import torch
 import dcp_a2a
 from dcp_a2a.kernels.project import project
 from dcp_a2a.up_projection import DATA_FILE, byte_model_switch
+
+import _run
 
 BATCHES = tuple(1 << i for i in range(14))  # 1 .. 8192
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -185,15 +185,8 @@ def crossovers(rows: list[dict]) -> dict:
     return out
 
 
-def _commit() -> str | None:
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                              cwd=Path(__file__).resolve().parent, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return None
-
-
 def card(device) -> dict:
+    """The card's name and compute capability ("M.m"; None on the CPU)."""
     if device.type != "cuda":
         return {"name": "cpu (Triton interpreter)", "capability": None}
     major, minor = torch.cuda.get_device_capability(device)
@@ -210,7 +203,7 @@ def write_switch(report: dict, data_file: Path) -> dict:
              "min_tokens": {n: c["min_tokens"] for n, c in report["crossover"].items()},
              "source": "benchmarks/benchmark_up_projection.py: the local work on one GPU "
                        "(the wire left out)",
-             "commit": report["commit"], "date": report["date"]}
+             "commit": report["run"]["commit"], "date": report["run"]["date"]}
     cards = [c for c in data.get("cards", [])
              if not (c.get("name") == entry["name"] and c.get("shape") == shape)]
     data["cards"] = cards + [entry]
@@ -270,21 +263,21 @@ def distributed(args) -> int:
         rows.append({"B": b, **{f"{k} us": v[0] for k, v in res.items()},
                      "timing": next(iter(res.values()))[1]})
     if rank == 0:
-        report = {"card": card(device), "world_size": n, "commit": _commit(),
+        with _run.recorded(args.out, "up_projection_ranks") as save:
+            save({"card": card(device), "world_size": n,
                   "shape": {"heads": args.heads, "latent": args.latent, "value": args.value,
-                            "dtype": args.dtype}, "rows": rows}
-        Path(args.out).write_text(json.dumps(report, indent=1))
-        keys = [k for k in rows[0] if k.endswith(" us")]
-        print(f"{'B':>6} " + " ".join(f"{k:>24}" for k in keys))
-        for r in rows:
-            print(f"{r['B']:6d} " + " ".join(f"{r[k]:24.1f}" for k in keys))
+                            "dtype": args.dtype}, "rows": rows})
+            keys = [k for k in rows[0] if k.endswith(" us")]
+            print(f"{'B':>6} " + " ".join(f"{k:>24}" for k in keys))
+            for r in rows:
+                print(f"{r['B']:6d} " + " ".join(f"{r[k]:24.1f}" for k in keys))
     dist.destroy_process_group()
     return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap = _run.parser(__doc__, "benchmark_up_projection.py")
+    _run.add_out(ap)
     ap.add_argument("--heads", type=_positive("--heads"), default=128)
     ap.add_argument("--latent", type=_positive("--latent"), default=512)
     ap.add_argument("--value", type=_positive("--value"), default=128)
@@ -295,7 +288,6 @@ def build_parser() -> argparse.ArgumentParser:
                     help="interleaved rounds per point (>= 2 for an interval)")
     ap.add_argument("--iters", type=_positive("--iters"), default=20,
                     help="--distributed: timed calls per point")
-    ap.add_argument("--out", default="up_projection.json", help="the JSON report")
     ap.add_argument("--write", action="store_true",
                     help="store this card's crossovers in the switch-point data file")
     ap.add_argument("--data", type=Path, default=DATA_FILE,
@@ -324,24 +316,26 @@ def main(argv=None) -> int:
     if device.type != "cuda" and not args.smoke:
         ap.error("no CUDA device: the local work's times need a GPU (--smoke runs the CPU)")
     dtype = DTYPES[args.dtype]
-    rows = measure(args, device)
-    report = {
-        "card": card(device), "commit": _commit(),
-        "date": datetime.date.today().isoformat(),
-        "torch": torch.__version__, "triton": __import__("triton").__version__,
-        "shape": {"heads": args.heads, "latent": args.latent, "value": args.value,
-                  "dtype": args.dtype},
-        "rounds": args.rounds, "rows": rows, "crossover": crossovers(rows),
-        "byte_model_switch": {str(n): byte_model_switch(args.heads, args.latent, args.value, n)
-                              for n in args.world_sizes},
-        "element_size": torch.empty((), dtype=dtype).element_size(),
-    }
-    if args.write:
-        report["written"] = write_switch(report, args.data)
-    Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
-    print(table(report))
-    if args.write:
-        print(f"switch points written to {args.data}")
+    with _run.recorded(args.out, "up_projection") as save:
+        rows = measure(args, device)
+        report = {
+            "card": card(device),
+            "shape": {"heads": args.heads, "latent": args.latent, "value": args.value,
+                      "dtype": args.dtype},
+            "rounds": args.rounds, "rows": rows, "crossover": crossovers(rows),
+            "byte_model_switch": {str(n): byte_model_switch(args.heads, args.latent,
+                                                            args.value, n)
+                                  for n in args.world_sizes},
+            "element_size": torch.empty((), dtype=dtype).element_size(),
+            "run": _run.provenance(),
+        }
+        if args.write:
+            report["written"] = write_switch(report, args.data)
+        del report["run"]  # recorded adds it
+        save(report)
+        print(table(report))
+        if args.write:
+            print(f"switch points written to {args.data}")
     return 0
 
 

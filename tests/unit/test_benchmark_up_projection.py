@@ -4,10 +4,7 @@ refusal of arguments that mean nothing."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
-
 import pytest
 import torch
 
@@ -15,23 +12,20 @@ from dcp_a2a import up_projection
 
 pytestmark = pytest.mark.unit
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "benchmark_up_projection.py"
-
-
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("benchmark_up_projection", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    from tests.unit.test_documented_commands import load_script
+
+    return load_script("benchmarks/benchmark_up_projection.py")
 
 
 def test_smoke_run_writes_the_report(bench, tmp_path, capsys):
     out = tmp_path / "r.json"
-    assert bench.main(["--smoke", "--out", str(out)]) == 0
+    assert bench.main([str(out), "--smoke"]) == 0
     report = json.loads(out.read_text())
     assert report["shape"] == {"heads": 4, "latent": 32, "value": 8, "dtype": "bfloat16"}
-    assert "commit" in report and report["card"]["name"].startswith("cpu")
+    assert report["run"]["commit"] and report["card"]["name"].startswith("cpu")
+    assert "project first from" in out.with_suffix(".md").read_text()
     assert [(r["N"], r["B"]) for r in report["rows"]] == [(2, 1), (2, 4)]
     for r in report["rows"]:
         # bf16: P = 2 lanes; (N - 1) slices of [B, H/N, lanes + P], 2 bytes each
@@ -60,8 +54,8 @@ def test_written_switch_points_are_the_ones_auto_uses(bench, tmp_path, monkeypat
     """--write's entry for a card and shape, read back by dcp_a2a.up_projection for that card
     (faked here: the CPU has no card) and for no other shape."""
     data = tmp_path / "switch.json"
-    report = {"card": {"name": "Fake GPU", "capability": "9.0"}, "commit": "abc",
-              "date": "2026-12-07",
+    report = {"card": {"name": "Fake GPU", "capability": "9.0"},
+              "run": {"commit": "abc", "date": "2026-12-07"},
               "shape": {"heads": 8, "latent": 64, "value": 16, "dtype": "bfloat16"},
               "crossover": {"4": {"min_tokens": 24}, "8": {"min_tokens": None}}}
     bench.write_switch(report, data)
@@ -120,8 +114,8 @@ def test_byte_model():
     (["--rounds", "0"], ">= 1"), (["--heads", "x"], "not an int"),
     (["--smoke", "--write"], "--write"),
 ])
-def test_arguments_that_mean_nothing_are_refused(bench, argv, words, capsys):
+def test_arguments_that_mean_nothing_are_refused(bench, argv, words, capsys, tmp_path):
     with pytest.raises(SystemExit) as e:
-        bench.main(argv + ["--out", "/dev/null"])
+        bench.main([str(tmp_path / "r.json")] + argv)
     assert e.value.code == 2
     assert words in capsys.readouterr().err
