@@ -22,10 +22,16 @@ implementation gives the result's shape, dtype and device without running anythi
 In a compiled ``lse_reduce`` the exchange is ``torch.distributed._functional_collectives
 .all_to_all_single`` (a collective the graph holds, which inductor schedules and CUDA graphs
 capture) between the pack and the combine; the staging buffers are the graph's own tensors
-(``dcp_a2a.buffers`` is the eager path's). Compiled, ``lse_reduce`` runs backend "packed" (the
-others, and symm_mem's device-side signals, stay eager: a ValueError says so) and needs a
+(``dcp_a2a.buffers`` is the eager path's). Compiled, ``lse_reduce`` runs backend "packed"; the
+others, ``buffers=`` and ``check_ranks`` run eagerly (a graph break, an error under
+``fullgraph=True`` naming ``_lse_reduce_eagerly``). It needs a
 ``device_group`` that torch registered (a ProcessGroup from ``init_process_group`` /
 ``new_group``: the functional collectives address a group by its registered name).
+
+What a compiled call checks: shapes, dtypes, devices and values at trace time (as guards); in
+the ops, when the graph runs, everything the eager ops check (a caller's buffer against recv
+included), but not a caller's buffer against the partials and the LSE, which only the eager
+``lse_reduce`` reads addresses for (the graph's own staging cannot overlap them).
 """
 
 from __future__ import annotations
