@@ -120,10 +120,10 @@ def fake_group_of_two():
         dist.destroy_process_group()
 
 
-def test_compiled_lse_reduce_holds_the_functional_all_to_all(fake_group_of_two):
+def test_compiled_lse_reduce_holds_the_functional_all_to_all(fake_group_of_two, device):
     group = fake_group_of_two
-    outs, lses = partials(1, B, H, D, torch.bfloat16)
-    w = torch.randn(H, D, V).to(torch.bfloat16)
+    outs, lses = partials(1, B, H, D, torch.bfloat16, device=device)
+    w = torch.randn(H, D, V).to(torch.bfloat16).to(device)
     graphs = []
 
     def capture(gm, example_inputs):
@@ -143,10 +143,10 @@ def test_compiled_lse_reduce_holds_the_functional_all_to_all(fake_group_of_two):
     assert mine == exchange + ["project"] + exchange + exchange + ["project"], mine
 
 
-def test_backends_without_a_traced_form_run_eagerly():
+def test_backends_without_a_traced_form_run_eagerly(device):
     """ag_rs under torch.compile: eager's result (a graph break); under fullgraph=True an error
     naming the eager call."""
-    outs, lses = partials(1, B, H, D, torch.float32)
+    outs, lses = partials(1, B, H, D, torch.float32, device=device)
 
     def f(out, lse):
         return dcp_a2a.lse_reduce(out, lse, Group(1, 0, None), backend="ag_rs", return_lse=True)
