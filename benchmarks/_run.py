@@ -14,6 +14,7 @@ import contextlib
 import datetime
 import io
 import json
+import os
 import platform
 import shlex
 import subprocess
@@ -84,8 +85,11 @@ def provenance(argv: list[str] | None = None) -> dict:
         triton_version = triton.__version__
     except ImportError:
         triton_version = None
-    commit = _git("rev-parse", "HEAD")
-    changed = bool(_git("status", "--porcelain", "--untracked-files=no"))
+    # a copy of a checkout whose .git is not the checkout's (a device machine's) says which
+    # commit it is through $DCP_A2A_COMMIT
+    commit = os.environ.get("DCP_A2A_COMMIT") or _git("rev-parse", "HEAD")
+    changed = False if os.environ.get("DCP_A2A_COMMIT") else bool(
+        _git("status", "--porcelain", "--untracked-files=no"))
     argv = (_COMMAND or ["python", *sys.argv]) if argv is None else argv
     return {"card": card(), "commit": commit, "local_changes": changed,
             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"),

@@ -4,9 +4,10 @@ Public contract (names, signatures and keyword names are stable):
     lse_pack_dim(dtype) -> int
     pack_send(out, lse, send, world_size, h_per_rank, head_dim, lse_pack_dim,
               seq_lens=None, query_start_loc=None) -> None
-    unpack_combine(recv, head_dim, lse_pack_dim, return_lse, is_lse_base_on_e)
+    unpack_combine(recv, head_dim, lse_pack_dim, return_lse, is_lse_base_on_e, into=None)
     lse_reduce(out, lse, group, *, return_lse=False, is_lse_base_on_e=True, seq_lens=None,
-               query_start_loc=None, backend="packed")
+               query_start_loc=None, backend="packed", buffers=None, check_ranks=None,
+               into=None, w_uv=None, up_proj="auto")
     Group(world_size, rank_in_group, device_group); Group.from_process_group(pg)
     SymmMemBuffers(group, *, max_tokens, num_heads, head_dim, dtype, device=None)
         (the buffers of ``lse_reduce(..., backend="symm_mem", buffers=...)``)

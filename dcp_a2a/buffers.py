@@ -58,6 +58,39 @@ def _view_span(t: torch.Tensor) -> tuple:
     return start, start + t.numel() * t.element_size()
 
 
+def _as_device(device) -> torch.device:
+    """``device`` as a torch.device: ValueError naming it where torch cannot read it."""
+    if isinstance(device, torch.device):
+        return device
+    if not isinstance(device, (str, int)) or isinstance(device, bool):
+        raise TypeError(f"device must be a torch.device, a str or an int, got "
+                        f"{type(device).__name__}")
+    try:
+        return torch.device(device)
+    except RuntimeError as e:
+        raise ValueError(f"device {device!r} is not a device torch knows: {e}") from None
+
+
+def _check_request(shape, dtype, tag) -> tuple:
+    """A buffer request's shape as a tuple of ints >= 0 (TypeError/ValueError naming the
+    problem), before anything is allocated for it."""
+    if not isinstance(dtype, torch.dtype):
+        raise TypeError(f"dtype must be a torch.dtype, got {type(dtype).__name__}")
+    if not isinstance(tag, str):
+        raise TypeError(f"tag must be a str, got {type(tag).__name__}")
+    try:
+        dims = tuple(shape)
+    except TypeError:
+        raise TypeError(f"shape must be a sequence of ints, got {type(shape).__name__}") from None
+    for s in dims:
+        if isinstance(s, bool) or not isinstance(s, int):
+            raise TypeError(f"shape {shape!r}: every dim must be an int, got "
+                            f"{type(s).__name__}")
+        if s < 0:
+            raise ValueError(f"shape {shape!r}: every dim must be >= 0, got {s}")
+    return dims
+
+
 def _capturing(device: torch.device) -> bool:
     return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
 
@@ -99,13 +132,13 @@ class StagingBuffers:
         owner handed out), a dedicated tensor is returned instead of corrupting that input.
         """
         if not isinstance(device, torch.device):
-            device = torch.device(device)
+            device = _as_device(device)
         if _capturing(device):
             return self._pinned(shape, dtype, device)
         return self._eager_view(shape, dtype, device, tag, _storage_spans(avoid, device))
 
     def _pinned(self, shape, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-        t = torch.empty(shape, dtype=dtype, device=device)
+        t = torch.empty(_check_request(shape, dtype, ""), dtype=dtype, device=device)
         with self._lock:
             self._captured.append(t)
         return t
@@ -116,6 +149,7 @@ class StagingBuffers:
         with self._lock:
             hit = self._views.get(key)
             if hit is None or hit[0] != shape:
+                shape = _check_request(shape, dtype, tag)  # a new request: before allocating
                 numel = 1
                 for s in shape:
                     numel *= int(s)
@@ -145,7 +179,7 @@ class StagingBuffers:
             return (self.get(shape, dtype, device, tag + ".send", avoid),
                     self.get(shape, dtype, device, tag + ".recv", avoid))
         if not isinstance(device, torch.device):
-            device = torch.device(device)
+            device = _as_device(device)
         if _capturing(device):
             return self._pinned(shape, dtype, device), self._pinned(shape, dtype, device)
         spans = _storage_spans(avoid, device)

@@ -99,12 +99,15 @@ def _exchange(kind: str, payloads: list):
 
 def lse_reduce_in_process(outs: Sequence[torch.Tensor], lses: Sequence[torch.Tensor], *,
                           return_lse=False, is_lse_base_on_e=True, seq_lens=None,
-                          query_start_loc=None, backend="packed", buffers=None):
+                          query_start_loc=None, backend="packed", buffers=None, into=None,
+                          w_uv=None, up_proj="auto"):
     """Every rank's ``lse_reduce`` result for per-rank partials ``outs[r]``/``lses[r]``.
 
     ``seq_lens`` is None or a per-rank sequence of tensors (each rank has its own local KV
     lengths); ``query_start_loc`` is shared by all ranks. ``buffers``: per-rank buffers to
     reuse across calls (``SymmMemBuffers.in_process(...)`` for symm_mem); default fresh ones.
+    ``into``: None or a per-rank sequence of result buffers; ``w_uv`` (shared by the ranks)
+    and ``up_proj``: the up-projection, as ``lse_reduce`` takes them.
     """
     n = len(outs)
     if len(lses) != n:
@@ -116,11 +119,19 @@ def lse_reduce_in_process(outs: Sequence[torch.Tensor], lses: Sequence[torch.Ten
     if seq_lens is not None and len(seq_lens) != n:
         raise ValueError(f"got {n} ranks' partials but {len(seq_lens)} ranks' seq_lens "
                          "(one tensor a rank)")
+    if into is not None and len(into) != n:
+        raise ValueError(f"got {n} ranks' partials but {len(into)} ranks' into buffers "
+                         "(one a rank)")
     if buffers is not None:
         if len(buffers) != n:
             raise ValueError(f"got {n} ranks' partials but {len(buffers)} ranks' buffers")
     elif backend == "symm_mem" and n:
         B, H, D = outs[0].shape
+        if isinstance(w_uv, torch.Tensor) and w_uv.dim() == 3:  # the width the order carries
+            from .up_projection import choose
+
+            order = choose(up_proj, B, n, outs[0].device, H, D, w_uv.shape[2], outs[0].dtype)
+            D = D if order == "after_merge" else w_uv.shape[2]
         buffers = SymmMemBuffers.in_process(n, max_tokens=max(B, 1), num_heads=max(H, n),
                                             head_dim=D, dtype=outs[0].dtype,
                                             device=outs[0].device)
@@ -131,7 +142,8 @@ def lse_reduce_in_process(outs: Sequence[torch.Tensor], lses: Sequence[torch.Ten
                          is_lse_base_on_e=is_lse_base_on_e,
                          seq_lens=None if seq_lens is None else seq_lens[r],
                          query_start_loc=query_start_loc, backend=backend,
-                         buffers=buffers[r])
+                         buffers=buffers[r], into=None if into is None else into[r],
+                         w_uv=w_uv, up_proj=up_proj)
         for r in range(n)
     ]
     reqs = [next(g) for g in gens] if n else []

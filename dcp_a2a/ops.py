@@ -3,8 +3,8 @@
 
     pack_send(out, lse, send, world_size, h_per_rank, head_dim, lse_pack_dim,
               seq_lens=None, query_start_loc=None) -> None
-    unpack_combine(recv, head_dim, lse_pack_dim, return_lse, is_lse_base_on_e)
-        -> out[B, H/N, D]  or  (out, lse[B, H/N] float32)
+    unpack_combine(recv, head_dim, lse_pack_dim, return_lse, is_lse_base_on_e, into=None)
+        -> out[B, H/N, D]  or  (out, lse[B, H/N] float32)   (out is ``into`` when given)
 
 Shapes, dtypes and the wire format ``[N, B, H/N, D+P]`` are described in :mod:`dcp_a2a.wire`.
 
@@ -17,7 +17,11 @@ runs only what depends on the addresses themselves (the staging buffer's overlap
 inputs) and launches the kept Site with the new addresses. A key counts only while the launch
 table and the interpreter switch are those it was made under and no override is set; nothing
 is kept under an override. Code that swaps the ops' internals some other way (a test's
-monkeypatch) calls :func:`forget_calls` around it.
+monkeypatch) calls :func:`forget_calls` around it. A caller's result buffer (``into``) is part of
+the key (its shape, strides, dtype, device, alignment); its overlap with recv is checked on
+every call.
+
+Under ``torch.compile`` both ops trace as the custom ops of :mod:`dcp_a2a.custom_ops`.
 """
 
 from __future__ import annotations
@@ -25,13 +29,16 @@ from __future__ import annotations
 import torch
 
 from . import _env
+from . import custom_ops as _custom
 from .kernels import combine as _combine
 from .kernels import pack as _pack
 from .kernels import tuning as _tuning
 from .wire import (
     check_head_split,
+    check_into,
     check_output_and_lse,
     check_seq_meta,
+    check_seq_values,
     check_wire_buffer,
     lse_pack_dim as _lse_pack_dim,
     reach,
@@ -60,6 +67,9 @@ def kept_table() -> dict:
 
 _PACK_CALLS = kept_table()
 _UNPACK_CALLS = kept_table()
+# True only while torch.compile traces (dynamo folds the call to a constant): the ops then trace
+# as the custom ops of dcp_a2a.custom_ops; eagerly it is one call of ~0.05 us
+compiling = torch.compiler.is_dynamo_compiling
 
 
 def forget_calls() -> None:
@@ -73,7 +83,8 @@ class _Kept:
     for the pack the byte reach of send, out and lse (0: the overlap test does not apply)."""
 
     __slots__ = ("active", "interpret", "site", "hpr", "send_bytes", "out_bytes", "lse_bytes",
-                 "out_shape", "lse_shape", "dtype", "device", "aligns")
+                 "out_shape", "lse_shape", "dtype", "device", "aligns", "recv_bytes",
+                 "into_bytes")
 
     def __init__(self, site):
         self.active, self.interpret, self.site = _tuning.ACTIVE, _env.INTERPRET, site
@@ -119,8 +130,13 @@ def pack_send(out, lse, send, world_size, h_per_rank, head_dim, lse_pack_dim,
     rounded). ``seq_lens[num_seqs]`` (this rank's local KV length per request) and
     ``query_start_loc[num_seqs + 1]`` (cumulative query rows, non-decreasing) mask empty and
     padding rows: their LSE is sent as -inf. Raises ValueError/TypeError for any inconsistent
-    argument, before the launch.
+    argument, before the launch; CPU index tensors' values too (a negative KV length, a
+    decreasing query_start_loc, rows past the batch). CUDA index tensors are not read on the
+    host: any values have the meaning :func:`dcp_a2a.wire.check_seq_values` states.
     """
+    if compiling():
+        return _custom.pack_send(out, lse, send, world_size, h_per_rank, head_dim,
+                                 lse_pack_dim, seq_lens, query_start_loc)
     kept = key = None
     if type(out) is _Tensor and type(lse) is _Tensor and type(send) is _Tensor:
         try:
@@ -138,6 +154,8 @@ def pack_send(out, lse, send, world_size, h_per_rank, head_dim, lse_pack_dim,
         _pack_checked(out, lse, send, world_size, h_per_rank, head_dim, lse_pack_dim,
                       seq_lens, query_start_loc, key)
         return
+    if seq_lens is not None and seq_lens.is_cpu:  # values on the host: checked every call
+        check_seq_values(seq_lens, query_start_loc, out.shape[0])
     sb = kept.send_bytes
     if sb and ((ps < po + kept.out_bytes and po < ps + sb)
                or (ps < pl + kept.lse_bytes and pl < ps + sb)):
@@ -168,6 +186,7 @@ def _pack_checked(out, lse, send, world_size, h_per_rank, head_dim, lse_pack_dim
     if head_dim != D:
         raise ValueError(f"head_dim={head_dim} does not match out's last dim {D}")
     p = _lse_pack_dim(out.dtype)
+    require_int("lse_pack_dim", lse_pack_dim, 1)
     if lse_pack_dim != p:
         raise ValueError(f"lse_pack_dim={lse_pack_dim} does not match {out.dtype} (expected {p})")
     check_wire_buffer("send", send, head_dim=D, lse_pack_dim_=p, dtype=out.dtype,
@@ -175,6 +194,8 @@ def _pack_checked(out, lse, send, world_size, h_per_rank, head_dim, lse_pack_dim
     if send.device != out.device:  # out and lse were compared above
         require_same_device(out=out, lse=lse, send=send)
     check_seq_meta(seq_lens, query_start_loc, B, out.device)
+    if seq_lens is not None and seq_lens.is_cpu:
+        check_seq_values(seq_lens, query_start_loc, B)
     require_disjoint("send", send, out=out, lse=lse)
     if B and H:
         require_runnable_device(out)
@@ -187,27 +208,49 @@ def _pack_checked(out, lse, send, world_size, h_per_rank, head_dim, lse_pack_dim
         _keep(_PACK_CALLS, key, kept)
 
 
-def unpack_combine(recv, head_dim, lse_pack_dim, return_lse, is_lse_base_on_e):
+def unpack_combine(recv, head_dim, lse_pack_dim, return_lse, is_lse_base_on_e, into=None):
     """Merge the received wire buffer ``recv[N, B, H/N, D+P]``.
 
     Returns ``out[B, H/N, D]`` in recv's dtype, and ``(out, lse[B, H/N] float32)`` when
     ``return_lse``. ``is_lse_base_on_e=False`` merges with exp2/log2 and returns a base-2 LSE.
+    ``into``: a caller's ``[B, H/N, D]`` buffer of recv's dtype on recv's device (any strides;
+    it must not overlap recv): the merged output is written there and ``into`` is returned in
+    ``out``'s place, nothing allocated for it (the LSE, when asked for, is still a fresh
+    tensor).
     """
+    if compiling():
+        if into is None:
+            out, lse = _custom.unpack_combine(recv, head_dim, lse_pack_dim, return_lse,
+                                              is_lse_base_on_e)
+            return (out, lse) if return_lse else out
+        lse = _custom.unpack_combine_into(recv, into, head_dim, lse_pack_dim, return_lse,
+                                          is_lse_base_on_e)
+        return (into, lse) if return_lse else into
     kept = key = None
-    if type(recv) is _Tensor:
+    if type(recv) is _Tensor and (into is None or type(into) is _Tensor):
         try:
             pr = recv.data_ptr()
             key = (recv.shape, recv.stride(), recv.dtype, recv.device, pr & 15,
                    type(head_dim), head_dim, type(lse_pack_dim), lse_pack_dim,
                    type(return_lse), return_lse, type(is_lse_base_on_e), is_lse_base_on_e)
+            if into is not None:
+                pi = into.data_ptr()
+                key = (*key, into.shape, into.stride(), into.dtype, into.device, pi & 15,
+                       into.requires_grad)
             kept = _UNPACK_CALLS.get(key)
         except LOOKUP_ERRORS:
             key = None
     if kept is None or not kept.current() or kept.site is None:
         return _unpack_checked(recv, head_dim, lse_pack_dim, return_lse, is_lse_base_on_e,
-                               key, kept)
-    out = torch.empty(kept.out_shape, dtype=kept.dtype, device=kept.device)
-    po = out.data_ptr()
+                               key, kept, into)
+    if into is None:
+        out = torch.empty(kept.out_shape, dtype=kept.dtype, device=kept.device)
+        po = out.data_ptr()
+    else:
+        out, po = into, pi
+        ib = kept.into_bytes  # the overlap of the caller's buffer with recv: every call
+        if ib and po < pr + kept.recv_bytes and pr < po + ib:
+            require_disjoint("into", into, recv=recv)  # raises, naming the overlap
     if return_lse:
         lse = torch.empty(kept.lse_shape, dtype=torch.float32, device=kept.device)
         pl = lse.data_ptr()
@@ -215,10 +258,11 @@ def unpack_combine(recv, head_dim, lse_pack_dim, return_lse, is_lse_base_on_e):
             return out, lse
     elif (po & 15, po & 15) == kept.aligns and kept.site(pr, pr, po, po, po, po):
         return out
-    return _combine.combine_packed(recv, head_dim, return_lse, is_lse_base_on_e)
+    return _combine.combine_packed(recv, head_dim, return_lse, is_lse_base_on_e, out=into)
 
 
-def _unpack_checked(recv, head_dim, lse_pack_dim, return_lse, is_lse_base_on_e, key, kept):
+def _unpack_checked(recv, head_dim, lse_pack_dim, return_lse, is_lse_base_on_e, key, kept,
+                    into=None):
     """unpack_combine's every check (unless ``kept``: this key passed them), then the launch;
     the key is kept once the checks pass."""
     fresh = kept is None or not kept.current()
@@ -230,12 +274,16 @@ def _unpack_checked(recv, head_dim, lse_pack_dim, return_lse, is_lse_base_on_e, 
                                       lse_pack_dim_=lse_pack_dim)
         if N < 1:
             raise ValueError("recv must hold at least one peer slice (N >= 1)")
+        if into is not None:
+            check_into(into, (B, hpr, head_dim), recv.dtype, recv.device)
         if B and hpr:
             require_runnable_device(recv)
+    if into is not None:
+        require_disjoint("into", into, recv=recv)
     if key is None:  # nothing to keep (a tensor subclass)
-        return _combine.combine_packed(recv, head_dim, return_lse, is_lse_base_on_e)
+        return _combine.combine_packed(recv, head_dim, return_lse, is_lse_base_on_e, out=into)
     res, site = _combine.combine_packed(recv, head_dim, return_lse, is_lse_base_on_e,
-                                        with_site=True)
+                                        with_site=True, out=into)
     out, lse = res if return_lse else (res, res)
     if not fresh:
         # kept without a Site: its first launch could not be bound (a launch hook was on, a
@@ -248,5 +296,7 @@ def _unpack_checked(recv, head_dim, lse_pack_dim, return_lse, is_lse_base_on_e, 
     kept.out_shape, kept.lse_shape = out.shape, lse.shape
     kept.dtype, kept.device = out.dtype, out.device
     kept.aligns = (out.data_ptr() & 15, lse.data_ptr() & 15)
+    kept.recv_bytes = _reach_bytes(recv)
+    kept.into_bytes = 0 if into is None else _reach_bytes(into)
     _keep(_UNPACK_CALLS, key, kept)
     return res

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .buffers import _as_device
 from .wire import BITS_DTYPE, check_group, check_head_split, lse_pack_dim, require_int
 
 
@@ -100,6 +101,20 @@ def _tables(world_size, rank, max_tokens, num_heads, head_dim, dtype, recv, flag
     )
 
 
+def _require_room(elements: int, dtype: torch.dtype, device: torch.device) -> None:
+    """ValueError where the buffers could never fit the device's memory (a max_tokens of
+    2^50), instead of the allocator's error after the collective rendezvous has begun."""
+    if device.type != "cuda":
+        return
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    total = torch.cuda.get_device_properties(index).total_memory
+    need = elements * torch.empty((), dtype=dtype).element_size()
+    if need > total:
+        raise ValueError(f"SymmMemBuffers need {need / 2**30:.1f} GiB per rank (2 slots of "
+                         f"max_tokens x num_heads x (head_dim + P)) but {device} has "
+                         f"{total / 2**30:.1f} GiB: lower max_tokens")
+
+
 def _require_symmetric_memory(group, device) -> None:
     """The reasons this machine or group cannot run the backend, as one ValueError."""
     import torch.distributed as dist
@@ -138,11 +153,12 @@ class SymmMemBuffers:
     def __init__(self, group, *, max_tokens: int, num_heads: int, head_dim: int,
                  dtype: torch.dtype, device=None) -> None:
         n, r = check_group(group)  # first: None or a bare object is a TypeError, as in lse_reduce
-        device = torch.device(device) if device is not None else (
+        device = _as_device(device) if device is not None else (
             torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available()
             else torch.device("cpu"))
         per_slot = _sizes(n, max_tokens, num_heads, head_dim, dtype)
         _require_symmetric_memory(group, device)
+        _require_room(2 * per_slot, dtype, device)
         self.group = group
         if n == 1:
             recv = torch.empty(2 * per_slot, dtype=dtype, device=device)
@@ -175,7 +191,8 @@ class SymmMemBuffers:
         interpreter."""
         n = require_int("world_size", world_size, 1)
         per_slot = _sizes(n, max_tokens, num_heads, head_dim, dtype)
-        device = torch.device(device)
+        device = _as_device(device)
+        _require_room(2 * per_slot * n, dtype, device)
         recvs = [torch.empty(2 * per_slot, dtype=dtype, device=device) for _ in range(n)]
         flags = [torch.zeros(n, dtype=torch.int64, device=device) for _ in range(n)]
         out = []
@@ -189,10 +206,14 @@ class SymmMemBuffers:
             out.append(b)
         return out
 
-    def check_call(self, out: torch.Tensor, world_size: int, rank: int) -> None:
-        """ValueError unless a call with ``out[B, H, D]`` fits these buffers."""
+    def check_call(self, out: torch.Tensor, world_size: int, rank: int,
+                   head_dim: int | None = None) -> None:
+        """ValueError unless a call with ``out[B, H, D]`` fits these buffers (``head_dim``: the
+        width the exchange carries when it is not D, the up-projected V)."""
         t = self.tables
         B, H, D = out.shape
+        if head_dim is not None:
+            D = head_dim
         if (world_size, rank) != (t.world_size, t.rank):
             raise ValueError(
                 f"these SymmMemBuffers were made for rank {t.rank} of {t.world_size}, but the "

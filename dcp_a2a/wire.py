@@ -171,6 +171,7 @@ def check_wire_buffer(name: str, buf, *, head_dim: int, lse_pack_dim_: int, expe
     p = lse_pack_dim(buf_dtype)
     if dtype is not None and buf_dtype != dtype:
         raise ValueError(f"{name} dtype {buf_dtype} does not match the output dtype {dtype}")
+    require_int("lse_pack_dim", lse_pack_dim_, 1)
     if lse_pack_dim_ != p:
         raise ValueError(
             f"lse_pack_dim={lse_pack_dim_} does not match {name} dtype {buf_dtype} (expected {p})"
@@ -246,3 +247,87 @@ def require_disjoint(dst_name: str, dst: torch.Tensor, **sources: torch.Tensor) 
                 f"{name} bytes [{s0:#x}, {s1:#x})): a staging buffer must not alias the "
                 "tensors it is built from"
             )
+
+
+def check_into(into, shape: tuple, dtype: torch.dtype, device: torch.device) -> None:
+    """A caller's result buffer ``into``: a tensor of exactly ``shape``, ``dtype`` and
+    ``device`` (any strides, but no two elements at one address: the kernel writes each
+    element once, in no fixed order), not a meta tensor, not requiring grad (the result
+    carries no gradient). Overlap with what the call reads is checked on every call
+    (:func:`require_disjoint`), not here."""
+    if not isinstance(into, torch.Tensor):
+        raise TypeError(f"into must be a torch.Tensor (the caller's result buffer) or None, "
+                        f"got {type(into).__name__}")
+    if tuple(into.shape) != tuple(shape):
+        raise ValueError(f"into has shape {tuple(into.shape)}, expected {tuple(shape)} "
+                         "([B, H/N, D]: this rank's heads of the merged result)")
+    if into.dtype != dtype:
+        raise ValueError(f"into has dtype {into.dtype}, expected {dtype} (the output dtype)")
+    if into.device != device:
+        raise ValueError(f"into is on {into.device}, expected {device} (where the call runs)")
+    if into.is_meta:
+        raise ValueError("into is a meta tensor: it has no memory to write the result to")
+    if into.requires_grad:
+        raise ValueError("into requires grad: the combine writes its result without autograd "
+                         "(pass a buffer that does not require grad, e.g. under "
+                         "torch.no_grad() or .detach())")
+    if into.numel() > 1 and torch._debug_has_internal_overlap(into) == 1:
+        raise ValueError(f"into has strides {into.stride()} that put several elements at one "
+                         "address (an expanded or broadcast view): the result needs one "
+                         "address per element")
+
+
+def check_w_uv(w_uv, heads: int, latent: int, dtype: torch.dtype, device: torch.device) -> int:
+    """MLA's up-projection ``w_uv[H, L, V]`` for a latent partial of ``heads`` heads and
+    ``latent`` lanes: a tensor of out's dtype on out's device (any strides), V >= 1. Returns V."""
+    if not isinstance(w_uv, torch.Tensor):
+        raise TypeError(f"w_uv must be a torch.Tensor W_UV[H, L, V] or None, got "
+                        f"{type(w_uv).__name__}")
+    if w_uv.dim() != 3:
+        raise ValueError(f"w_uv must be 3-D [H, L, V] (per head: latent L -> value V), got "
+                         f"shape {tuple(w_uv.shape)}")
+    H, L, V = w_uv.shape
+    if H != heads or L != latent:
+        raise ValueError(f"w_uv has shape {tuple(w_uv.shape)} but out is [B, H={heads}, "
+                         f"L={latent}]: w_uv must be [H={heads}, L={latent}, V]")
+    if V < 1:
+        raise ValueError(f"w_uv has V={V} value lanes: the up-projection needs V >= 1")
+    if w_uv.dtype != dtype:
+        raise ValueError(f"w_uv has dtype {w_uv.dtype}, expected {dtype} (out's dtype)")
+    if w_uv.device != device:
+        raise ValueError(f"w_uv is on {w_uv.device} but out is on {device}")
+    if w_uv.is_meta:
+        raise ValueError("w_uv is a meta tensor: it has no data for the kernels to read")
+    return V
+
+
+def check_seq_values(seq_lens, query_start_loc, num_rows: int) -> None:
+    """The values of host (CPU) index tensors, read without a device sync: every KV length
+    >= 0, query_start_loc non-decreasing from >= 0 to at most the batch's ``num_rows``.
+
+    CUDA index tensors are not read on the host (it would cost a sync on the decode path);
+    there the kernels give every value a meaning: a row's request is the last s with
+    query_start_loc[s] <= row (a binary search), a row is masked (LSE -inf) when that request's
+    seq_len is <= 0 or the row is before query_start_loc[0] or at or after query_start_loc[-1];
+    rows past the batch do not exist."""
+    if seq_lens.numel():
+        low = int(seq_lens.min())
+        if low < 0:
+            at = int((seq_lens < 0).nonzero()[0, 0])
+            raise ValueError(f"seq_lens[{at}] = {int(seq_lens[at])}: a request's local KV length "
+                             "must be >= 0 (0: no KV on this rank)")
+    q = query_start_loc
+    if q.numel() == 0:
+        return
+    if int(q[0]) < 0:
+        raise ValueError(f"query_start_loc[0] = {int(q[0])}: query rows start at >= 0")
+    if q.numel() > 1:
+        steps = q[1:] - q[:-1]
+        if bool((steps < 0).any()):
+            at = int((steps < 0).nonzero()[0, 0])
+            raise ValueError(f"query_start_loc must be non-decreasing (cumulative query rows), "
+                             f"got {int(q[at])} then {int(q[at + 1])} at entries {at}, {at + 1}")
+    if int(q[-1]) > num_rows:
+        raise ValueError(f"query_start_loc[-1] = {int(q[-1])} is past the batch of B={num_rows} "
+                         "rows: the requests' query rows must end at or before B (rows from "
+                         "query_start_loc[-1] on are padding)")

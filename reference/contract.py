@@ -7,15 +7,18 @@ dcp_a2a.reference.contract``), as a CPU fallback, or as the base of an adapter. 
     lse_pack_dim(dtype) -> int
     pack_send(out, lse, send, world_size, h_per_rank, head_dim, lse_pack_dim,
               seq_lens=None, query_start_loc=None) -> None
-    unpack_combine(recv, head_dim, lse_pack_dim, return_lse, is_lse_base_on_e)
+    unpack_combine(recv, head_dim, lse_pack_dim, return_lse, is_lse_base_on_e, into=None)
     lse_reduce(out, lse, group, *, return_lse=False, is_lse_base_on_e=True,
-               seq_lens=None, query_start_loc=None)
+               seq_lens=None, query_start_loc=None, into=None, w_uv=None)
 
 Shapes and dtypes: ``out[B, H, D]`` float16/bfloat16/float32 (any strides), ``lse[B, H]``
 float32/bfloat16/float16; the wire buffer ``[N, B, H/N, D + P]`` in out's dtype (see
 :mod:`reference.wire`); results ``[B, H/N, D]`` in out's dtype and ``[B, H/N]`` float32.
 The merge is evaluated in float64 (:mod:`reference.combine`) and rounded once to the output
-dtype. ``lse_reduce`` runs one ``torch.distributed.all_to_all_single`` on
+dtype. ``into``: the caller's result buffer (written, and returned in the result's place).
+``w_uv[H, L, V]``: MLA's up-projection, after the merge (the exchange carries the latent; the
+merged latent, rounded to the output dtype, is projected by this rank's heads of W in float64
+and rounded once more). ``lse_reduce`` runs one ``torch.distributed.all_to_all_single`` on
 ``group.device_group``; a group of one is a pass-through that touches no process group.
 
 Every step is a method of :class:`ReferenceContract`, so a variant (an engine adapter, or a
@@ -259,6 +262,45 @@ class ReferenceContract:
                                  f"{pg.rank()} of group.device_group")
         return n, r
 
+    def check_into(self, into, shape, dtype, device, **reads):
+        """The caller's result buffer: a tensor of ``shape``, ``dtype`` and ``device`` (any
+        strides, one address per element, no grad), overlapping nothing in ``reads``."""
+        if not isinstance(into, torch.Tensor):
+            raise TypeError(f"into must be a torch.Tensor or None, got {type(into).__name__}")
+        if tuple(into.shape) != tuple(shape):
+            raise ValueError(f"into has shape {tuple(into.shape)}, expected {tuple(shape)}")
+        if into.dtype != dtype:
+            raise ValueError(f"into has dtype {into.dtype}, expected {dtype}")
+        if into.device != device:
+            raise ValueError(f"into is on {into.device}, expected {device}")
+        if into.requires_grad:
+            raise ValueError("into requires grad: the result is written without autograd")
+        if into.numel() > 1 and torch._debug_has_internal_overlap(into) == 1:
+            raise ValueError(f"into has strides {into.stride()} that put several elements at "
+                             "one address")
+        _disjoint("into", into, **reads)
+
+    def check_w_uv(self, w_uv, heads, latent, dtype, device):
+        """W_UV[H, L, V] for a latent partial of ``heads`` heads and ``latent`` lanes."""
+        _tensor("w_uv", w_uv)
+        if w_uv.dim() != 3 or w_uv.shape[0] != heads or w_uv.shape[1] != latent:
+            raise ValueError(f"w_uv must be [H={heads}, L={latent}, V], got shape "
+                             f"{tuple(w_uv.shape)}")
+        if w_uv.shape[2] < 1:
+            raise ValueError("w_uv has V=0 value lanes: the up-projection needs V >= 1")
+        if w_uv.dtype != dtype:
+            raise ValueError(f"w_uv has dtype {w_uv.dtype}, expected {dtype} (out's dtype)")
+        if w_uv.device != device:
+            raise ValueError(f"w_uv is on {w_uv.device} but out is on {device}")
+        if w_uv.device.type == "meta":
+            raise ValueError("w_uv is a meta tensor: it has no data")
+        return w_uv.shape[2]
+
+    def project(self, latent, w):
+        """latent[B, H', L] @ w[H', L, V] per head in float64, rounded once to latent's dtype."""
+        return torch.einsum("bhl,hlv->bhv", latent.to(torch.float64),
+                            w.to(torch.float64)).to(latent.dtype)
+
     # ------------------------------------------------------------------- the contract
     def pack_send(self, out, lse, send, world_size, h_per_rank, head_dim, lse_pack_dim,
                   seq_lens=None, query_start_loc=None) -> None:
@@ -294,11 +336,22 @@ class ReferenceContract:
         lanes = self.lse_to_lanes(self.peer_major(lse32, world_size, hpr), send.dtype)
         send.view(_INT_OF_WIDTH[send.element_size()])[..., D:].copy_(lanes)
 
-    def unpack_combine(self, recv, head_dim, lse_pack_dim, return_lse, is_lse_base_on_e):
+    def unpack_combine(self, recv, head_dim, lse_pack_dim, return_lse, is_lse_base_on_e,
+                       into=None):
         """Merge ``recv[N, B, H/N, D+P]``: ``out[B, H/N, D]`` in recv's dtype, and with
-        ``return_lse`` also ``lse[B, H/N]`` float32 (base 2 when not ``is_lse_base_on_e``)."""
+        ``return_lse`` also ``lse[B, H/N]`` float32 (base 2 when not ``is_lse_base_on_e``);
+        ``out`` is ``into`` when given (written there)."""
         self.check_unpack(recv, head_dim, lse_pack_dim, return_lse, is_lse_base_on_e)
-        return self._combine(recv, head_dim, return_lse, is_lse_base_on_e)
+        if into is not None:
+            self.check_into(into, (recv.shape[1], recv.shape[2], head_dim), recv.dtype,
+                            recv.device, recv=recv)
+        res = self._combine(recv, head_dim, return_lse, is_lse_base_on_e)
+        return res if into is None else self._into(res, into, return_lse)
+
+    def _into(self, res, into, return_lse):
+        out, lse = res if return_lse else (res, None)
+        into.copy_(out)
+        return (into, lse) if return_lse else into
 
     def check_unpack(self, recv, head_dim, lse_pack_dim, return_lse, is_lse_base_on_e):
         _int("head_dim", head_dim, 1)
@@ -316,21 +369,32 @@ class ReferenceContract:
         return (out, g.to(torch.float32)) if return_lse else out
 
     def lse_reduce(self, out, lse, group, *, return_lse=False, is_lse_base_on_e=True,
-                   seq_lens=None, query_start_loc=None):
+                   seq_lens=None, query_start_loc=None, into=None, w_uv=None):
         """Merge this rank's partial with its peers': ``out[B, H/N, D]`` for heads
-        [r*H/N, (r+1)*H/N) (and the float32 merged LSE with ``return_lse``)."""
-        n, _ = self.check_group(group)
+        [r*H/N, (r+1)*H/N) (and the float32 merged LSE with ``return_lse``); with ``w_uv``
+        the merged latent projected by those heads' W, ``[B, H/N, V]``; in ``into`` when
+        given."""
+        n, r = self.check_group(group)
         _bool("return_lse", return_lse)
         _bool("is_lse_base_on_e", is_lse_base_on_e)
         B, H, D = self.check_out_lse(out, lse)
         hpr = self.check_heads(H, n)
         self.check_seq_meta(seq_lens, query_start_loc, out.device)
+        width = D if w_uv is None else self.check_w_uv(w_uv, H, D, out.dtype, out.device)
+        if into is not None:
+            self.check_into(into, (B, hpr, width), out.dtype, out.device, out=out, lse=lse,
+                            seq_lens=seq_lens, query_start_loc=query_start_loc, w_uv=w_uv)
         p = self.lse_pack_dim(out.dtype)
         send = self.staging((n, B, hpr, D + p), out.dtype, out.device)
         self.pack_send(out, lse, send, n, hpr, D, p, seq_lens=seq_lens,
                        query_start_loc=query_start_loc)
         recv = self.exchange(send, group)
-        return self.unpack_combine(recv, D, p, return_lse, is_lse_base_on_e)
+        res = self.unpack_combine(recv, D, p, return_lse, is_lse_base_on_e)
+        if w_uv is not None:
+            latent, g = res if return_lse else (res, None)
+            projected = self.project(latent, w_uv[r * hpr:(r + 1) * hpr])
+            res = (projected, g) if return_lse else projected
+        return res if into is None else self._into(res, into, return_lse)
 
     def functions(self):
         """(lse_pack_dim, pack_send, unpack_combine, lse_reduce) bound to this instance."""

@@ -84,7 +84,7 @@ def _load_ranks(data_ptr, data_bits_ptr, src_row, d, md, s_dn, s_dd,
 
 
 @triton.jit
-def _merge_ranks(tiles, out_ptr, out_bits_ptr, scales, out_row, d, md,
+def _merge_ranks(tiles, out_ptr, out_bits_ptr, scales, out_row, d, md, s_od,
                  N: tl.constexpr, IS_BF16: tl.constexpr, PAIRS: tl.constexpr,
                  ROWS: tl.constexpr, BLOCK_D: tl.constexpr, NATIVE_BF16: tl.constexpr):
     """Store sum_r scale_r * tiles[r], added in rank order 0..N-1 (the order merge_weights
@@ -101,7 +101,7 @@ def _merge_ranks(tiles, out_ptr, out_bits_ptr, scales, out_row, d, md,
             acc_hi = add_weighted(acc_hi, sc, hi)
         else:
             acc = add_weighted(acc, sc, tiles[r])
-    offs_out = out_row[:, None] + d[None, :]
+    offs_out = out_row[:, None] + d[None, :] * s_od
     if PAIRS:
         w = join_pair_from_f32(acc, acc_hi, IS_BF16, NATIVE_BF16)
         tl.store(out_bits_ptr + offs_out, w, mask=md)
@@ -113,7 +113,7 @@ def _merge_ranks(tiles, out_ptr, out_bits_ptr, scales, out_row, d, md,
 def combine_rows(
     data_ptr, data_bits_ptr, lse_ptr, out_ptr, out_bits_ptr, lse_out_ptr,
     B, HPR, D,
-    s_dn, s_db, s_dh, s_dd, s_ln, s_lb, s_lh,
+    s_dn, s_db, s_dh, s_dd, s_ln, s_lb, s_lh, s_ob, s_oh, s_od,
     N: tl.constexpr, LSE_LANES: tl.constexpr, BASE_E: tl.constexpr,
     RETURN_LSE: tl.constexpr, IS_BF16: tl.constexpr, PAIRS: tl.constexpr,
     BLOCK_B: tl.constexpr, BLOCK_H: tl.constexpr,
@@ -136,7 +136,9 @@ def combine_rows(
     after another read one token's heads, consecutive wire rows)."""
     b, h, row_ok = program_rows(B, HPR, BLOCK_B, BLOCK_H, WIDE, HEAD_MAJOR)
     src_row = b * s_db + h * s_dh
-    out_row = (b * HPR + h) * D
+    # the output's strides: a caller's buffer (``into=``) may have any (the merged result's
+    # own is contiguous, strides (HPR*D, D, 1)); the LSE out is always contiguous
+    out_row = b * s_ob + h * s_oh
     ROWS: tl.constexpr = BLOCK_B * BLOCK_H
     lses = _load_lses(data_bits_ptr, lse_ptr, b, h, row_ok,
                       s_dn, s_db, s_dh, s_ln, s_lb, s_lh, D, N, LSE_LANES)
@@ -152,7 +154,7 @@ def combine_rows(
         tiles = _load_ranks(data_ptr, data_bits_ptr, src_row, d, md, s_dn, s_dd,
                             N, IS_BF16, PAIRS, STREAM)
         scales, g = merge_weights(lses, N, BASE_E)
-        _merge_ranks(tiles, out_ptr, out_bits_ptr, scales, out_row, d, md,
+        _merge_ranks(tiles, out_ptr, out_bits_ptr, scales, out_row, d, md, s_od,
                      N, IS_BF16, PAIRS, ROWS, BLOCK_D, NATIVE_BF16)
     else:
         scales, g = merge_weights(lses, N, BASE_E)
@@ -161,7 +163,7 @@ def combine_rows(
             md = row_ok[:, None] & (d < D)[None, :]
             tiles = _load_ranks(data_ptr, data_bits_ptr, src_row, d, md, s_dn, s_dd,
                                 N, IS_BF16, PAIRS, STREAM)
-            _merge_ranks(tiles, out_ptr, out_bits_ptr, scales, out_row, d, md,
+            _merge_ranks(tiles, out_ptr, out_bits_ptr, scales, out_row, d, md, s_od,
                          N, IS_BF16, PAIRS, ROWS, BLOCK_D, NATIVE_BF16)
     if RETURN_LSE:
         if SPLIT_D == 1:
@@ -245,23 +247,29 @@ def _combine_plan(cfg, N, B, hpr, lanes, lse_lanes, return_lse, is_lse_base_on_e
         **NO_CONTRACTION)
 
 
-def combine_launch_args(data, lse, N, B, hpr, D, lse_lanes, return_lse, is_lse_base_on_e):
+def combine_launch_args(data, lse, N, B, hpr, D, lse_lanes, return_lse, is_lse_base_on_e,
+                        out=None):
     """(grid, positional args, constexpr keywords, out, lse_out) of one combine launch.
 
     ``data``: the buffer whose rows start with the D output lanes (the whole wire row when
     the LSE is packed in the ``lse_lanes`` = P lanes after them, ``lse`` then None; else
-    ``lse`` is the separate fp32 LSE and ``lse_lanes`` = 0). Lanes, strides and offsets count
-    the units the kernel moves: 32-bit words when two 16-bit lanes are paired
-    (``kw["PAIRS"]``), else elements. ``lse_out`` is None unless ``return_lse``. The keywords
+    ``lse`` is the separate fp32 LSE and ``lse_lanes`` = 0). ``out``: where the merged
+    ``[B, H/N, D]`` goes (a caller's buffer, any strides, data's dtype); None: a fresh
+    contiguous tensor. Lanes, strides and offsets count the units the kernel moves: 32-bit
+    words when two 16-bit lanes are paired (``kw["PAIRS"]``; both data and out must then be
+    viewable as words), else elements. ``lse_out`` is None unless ``return_lse``. The keywords
     are shared between calls: do not change them."""
     dtype, dev = data.dtype, data.device
-    out = torch.empty((B, hpr, D), dtype=dtype, device=dev)
+    if out is None:
+        out = torch.empty((B, hpr, D), dtype=dtype, device=dev)
     words = as_words(data) if D % 2 == 0 else None
-    if words is not None:  # two 16-bit lanes per 32-bit access; the LSE is one word
+    out_words = as_words(out) if words is not None else None
+    if out_words is not None:  # two 16-bit lanes per 32-bit access; the LSE is one word
         src = src_bits = words
-        out_bits, lanes = out.view(torch.int32), D // 2
+        out_bits, lanes = out_words, D // 2
         lse_lanes = min(lse_lanes, 1)
     else:
+        words = None
         src, src_bits, out_bits, lanes = data, bits(data), bits(out), D
     # Without return_lse the kernel never touches lse_out_ptr (nor lse_ptr when the LSE is
     # packed): they get a tensor we already have instead of an allocation per call.
@@ -275,15 +283,16 @@ def combine_launch_args(data, lse, N, B, hpr, D, lse_lanes, return_lse, is_lse_b
                               dtype, words is not None, wide))
     placeholder = lse_out if lse_out is not None else out
     args = (src, src_bits, lse if lse is not None else placeholder, out, out_bits, placeholder,
-            B, hpr, lanes, *src.stride(), *(lse.stride() if lse is not None else (0, 0, 0)))
+            B, hpr, lanes, *src.stride(), *(lse.stride() if lse is not None else (0, 0, 0)),
+            *out_bits.stride())
     return grid, args, kw, out, lse_out
 
 
 def _combine(data, lse, N, B, hpr, D, lse_lanes, return_lse, is_lse_base_on_e,
-             with_site=False):
+             with_site=False, out=None):
     """(the merged result, the launch's Site or None); see combine_launch_args."""
     grid, args, kw, out, lse_out = combine_launch_args(
-        data, lse, N, B, hpr, D, lse_lanes, return_lse, is_lse_base_on_e)
+        data, lse, N, B, hpr, D, lse_lanes, return_lse, is_lse_base_on_e, out)
     site = None
     if B and hpr:
         if with_site:
@@ -293,23 +302,24 @@ def _combine(data, lse, N, B, hpr, D, lse_lanes, return_lse, is_lse_base_on_e,
     return ((out, lse_out) if return_lse else out), site
 
 
-def combine_packed(recv, head_dim, return_lse, is_lse_base_on_e, with_site=False):
+def combine_packed(recv, head_dim, return_lse, is_lse_base_on_e, with_site=False, out=None):
     """Merge the wire buffer ``recv[N, B, H/N, D+P]`` into ``out[B, H/N, D]`` in recv's dtype
-    (and the float32 merged ``lse[B, H/N]`` with ``return_lse``). The kernel reads the whole
-    rows (the same pointer and strides as their first D lanes, without a slice per call).
-    ``with_site``: also return the launch's Site (addresses: recv, recv, the LSE out or out,
-    out, out, the LSE out or out), for a caller that repeats the problem."""
+    (a fresh tensor, or the caller's ``out``; and the float32 merged ``lse[B, H/N]`` with
+    ``return_lse``). The kernel reads the whole rows (the same pointer and strides as their
+    first D lanes, without a slice per call). ``with_site``: also return the launch's Site
+    (addresses: recv, recv, the LSE out or out, out, out, the LSE out or out), for a caller
+    that repeats the problem."""
     N, B, hpr, lanes = recv.shape
     res, site = _combine(recv, None, N, B, hpr, head_dim, lanes - head_dim,
-                         return_lse, is_lse_base_on_e, with_site)
+                         return_lse, is_lse_base_on_e, with_site, out)
     return (res, site) if with_site else res
 
 
-def combine_separate(data, lse, return_lse, is_lse_base_on_e):
+def combine_separate(data, lse, return_lse, is_lse_base_on_e, out=None):
     """Merge ``data[N, B, H/N, D]`` with fp32 ``lse[N, B, H/N]`` (two-collective layout):
     the same kernel and arithmetic as :func:`combine_packed`; only the LSE's location differs."""
     N, B, hpr, D = data.shape
-    return _combine(data, lse, N, B, hpr, D, 0, return_lse, is_lse_base_on_e)[0]
+    return _combine(data, lse, N, B, hpr, D, 0, return_lse, is_lse_base_on_e, out=out)[0]
 
 
 def scale_for_reduce_scatter(out, lse_all, rank, return_lse, is_lse_base_on_e, dst):

@@ -94,7 +94,7 @@ def _pack_to_peers_kernel(
 def _combine_from_peers_kernel(
     data_ptr, data_bits_ptr, lse_ptr, out_ptr, out_bits_ptr, lse_out_ptr,
     B, HPR, D,
-    s_dn, s_db, s_dh, s_dd, s_ln, s_lb, s_lh,
+    s_dn, s_db, s_dh, s_dd, s_ln, s_lb, s_lh, s_ob, s_oh, s_od,
     flags_ptr, epoch_ptr, slot_lanes,
     N: tl.constexpr, LSE_LANES: tl.constexpr, BASE_E: tl.constexpr,
     RETURN_LSE: tl.constexpr, IS_BF16: tl.constexpr, PAIRS: tl.constexpr,
@@ -112,7 +112,7 @@ def _combine_from_peers_kernel(
     off = ((target - 1) % 2) * slot_lanes
     combine_rows(data_ptr + off, data_bits_ptr + off, lse_ptr, out_ptr, out_bits_ptr,
                  lse_out_ptr, B, HPR, D, s_dn, s_db, s_dh, s_dd, s_ln, s_lb, s_lh,
-                 N, LSE_LANES, BASE_E, RETURN_LSE, IS_BF16, PAIRS,
+                 s_ob, s_oh, s_od, N, LSE_LANES, BASE_E, RETURN_LSE, IS_BF16, PAIRS,
                  BLOCK_B, BLOCK_H, BLOCK_D, STREAM, ONE_TILE, WIDE, NATIVE_BF16, SPLIT_D,
                  HEAD_MAJOR)
 
@@ -138,12 +138,13 @@ def pack_to_peers(out, lse, tables, seq_lens=None, query_start_loc=None) -> None
     )
 
 
-def combine_from_peers(tables, batch, return_lse, is_lse_base_on_e):
-    """Step 2: ``out[B, H/N, D]`` (and the fp32 merged ``lse[B, H/N]``) of this call."""
+def combine_from_peers(tables, batch, return_lse, is_lse_base_on_e, out=None):
+    """Step 2: ``out[B, H/N, D]`` (a fresh tensor, or the caller's ``out``) and, with
+    ``return_lse``, the fp32 merged ``lse[B, H/N]`` of this call."""
     N, hpr, D = tables.world_size, tables.h_per_rank, tables.head_dim
     slot0 = tables.slot_view(0, batch)  # the layout; the kernel picks the call's slot
     grid, args, kw, out, lse_out = combine_launch_args(
-        slot0, None, N, batch, hpr, D, tables.lse_lanes, return_lse, is_lse_base_on_e)
+        slot0, None, N, batch, hpr, D, tables.lse_lanes, return_lse, is_lse_base_on_e, out)
     lanes_per_slot = tables.recv.numel() // 2 // (2 if kw["PAIRS"] else 1)
     _combine_from_peers_kernel[grid](
         *args, tables.flags, tables.epoch, lanes_per_slot, ASM=not _env.INTERPRET, **kw)

@@ -55,7 +55,7 @@ def _empty_pack_slab(out_words_ptr, lse_ptr, send_words_ptr, seq_lens_ptr, qsl_p
 @triton.jit
 def _empty_combine(data_ptr, data_bits_ptr, lse_ptr, out_ptr, out_bits_ptr, lse_out_ptr,
                    B, HPR, D,
-                   s_dn, s_db, s_dh, s_dd, s_ln, s_lb, s_lh,
+                   s_dn, s_db, s_dh, s_dd, s_ln, s_lb, s_lh, s_ob, s_oh, s_od,
                    N: tl.constexpr, LSE_LANES: tl.constexpr, BASE_E: tl.constexpr,
                    RETURN_LSE: tl.constexpr, IS_BF16: tl.constexpr, PAIRS: tl.constexpr,
                    BLOCK_B: tl.constexpr, BLOCK_H: tl.constexpr,

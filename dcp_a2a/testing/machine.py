@@ -48,6 +48,8 @@ def module_present(name: str) -> bool:
 
 
 def _git_commit() -> str | None:
+    if os.environ.get("DCP_A2A_COMMIT"):  # a copy of a checkout without its own history
+        return os.environ["DCP_A2A_COMMIT"][:7]
     if not (REPO_ROOT / ".git").exists() or shutil.which("git") is None:
         return None
     try:

@@ -130,6 +130,7 @@ def share_cores(workers: int) -> None:
 # 3 ranks, then numerics, then the pools of ranks.
 _SUITE_ORDER = ("conformance/test_args", "conformance/test_envelope",
                 "conformance/test_wire_format", "conformance/test_merge",
+                "conformance/test_caller_buffer", "conformance/test_up_projection",
                 "conformance/test_graphs",
                 "conformance/test_process_groups", "conformance/test_pack",
                 "conformance/test_combine", "conformance/test_group_of_one",

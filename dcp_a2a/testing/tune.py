@@ -46,6 +46,7 @@ import argparse
 import datetime
 import json
 import statistics
+import os
 import subprocess
 import sys
 import time
@@ -478,6 +479,8 @@ def invariance_launches(extra=None) -> int:
 
 def _commit() -> str:
     """The checkout's commit (``+dirty`` with changes), or "unknown" outside a git checkout."""
+    if os.environ.get("DCP_A2A_COMMIT"):  # a copy of a checkout without its own history
+        return os.environ["DCP_A2A_COMMIT"][:12]
     root = Path(__file__).resolve().parents[2]
     try:
         sha = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=root,

@@ -54,7 +54,7 @@ def test_capture_launch_records_one_launch_and_runs_nothing(device):
     twin, grid, args, kw = eager.capture_launch(
         lambda: dcp_a2a.unpack_combine(recv, 8, 2, False, True))
     assert twin is eager._empty_combine and combine.combine_rows is kernel  # restored
-    assert kw["N"] == 2 and len(args) == 16 and len(grid) == 2
+    assert kw["N"] == 2 and len(args) == 19 and len(grid) == 2  # ... + the output's 3 strides
 
 
 def _perf_script(name, folder="docs/perf_data"):

@@ -1,7 +1,8 @@
-"""query_start_loc must be non-decreasing (a precondition: checking it would cost a host sync
-on the decode path). On any other input the pack kernel and the reference run the same binary
-search, so they still mask the same rows. And index tensors with strides are read through
-them, by every backend."""
+"""query_start_loc must be non-decreasing, from >= 0 to at most B, and seq_lens >= 0: CPU index
+tensors are checked on the host (ValueError); CUDA ones are not (a check would cost a host sync
+on the decode path), and there any values have the meaning the pack kernel and the reference
+share: the same binary search, so they mask the same rows. And index tensors with strides are
+read through them, by every backend."""
 
 from __future__ import annotations
 
@@ -27,8 +28,16 @@ def test_kernel_and_reference_mask_the_same_rows_on_any_query_start_loc(device, 
     out = torch.randn(b, h, d, generator=g).to(torch.float16)
     lse = torch.randn(b, h, generator=g)
     send = torch.empty(1, b, h, d + 2, dtype=torch.float16, device=device)
-    dcp_a2a.pack_send(out.to(device), lse.to(device), send, 1, h, d, 2,
-                      seq_lens=seq_lens.to(device), query_start_loc=qsl.to(device))
+    args = (out.to(device), lse.to(device), send, 1, h, d, 2)
+    mask = dict(seq_lens=seq_lens.to(device), query_start_loc=qsl.to(device))
+    if device.type == "cpu":  # refused on the host; the kernel alone gives them a meaning
+        with pytest.raises(ValueError, match="query_start_loc"):
+            dcp_a2a.pack_send(*args, **mask)
+        from dcp_a2a.kernels.pack import pack
+
+        pack(args[0], args[1], send, h, **mask)
+    else:
+        dcp_a2a.pack_send(*args, **mask)
     sent = send.cpu()[0, :, :, d:].contiguous().view(torch.float32)[..., 0]  # [B, H] fp32
     masked = wire.row_mask(b, seq_lens, qsl)
     assert torch.equal(torch.isinf(sent).all(dim=1) & (sent < 0).all(dim=1), masked), (qsl, seq_lens)
