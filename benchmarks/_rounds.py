@@ -1,13 +1,14 @@
 """What the pack benchmarks here share besides the bench's timers: one grid point's pack inputs
 and reference bytes, and a check of every variant's wire bytes before timing them
-(``dcp_a2a.testing.bench.timed_rounds`` then times them in interleaved rounds); the GPU's
+(``dcp_a2a.testing.timing.timed_rounds`` then times them in interleaved rounds); the GPU's
 clocks as nvidia-smi reports them."""
 import statistics, subprocess, time
 import torch
 from dcp_a2a.kernels import tuning
 from dcp_a2a.kernels.pack import pack
-from dcp_a2a.testing import straightforward as sf
-from dcp_a2a.testing.bench import _inputs, copy_bandwidth, grid_point, grid_points
+from dcp_a2a.testing import straightforward as sf, timing
+from dcp_a2a.testing.bench import _inputs, copy_bandwidth
+from dcp_a2a.testing.bench_grid import grid_point, grid_points
 
 
 def pack_point(b, h, n, d, dt):
@@ -94,7 +95,7 @@ def pack_under(cfg, out, lse, send, hpr):
 
 def check_tables(save, pts, old, rounds, settle_rounds=0):
     """The table against the candidate table ``old`` (``tuning.CANDIDATES``) at ``pts`` by
-    ``bench.grid_point`` (bytes checked; the straightforward kernel and a copy timed alike;
+    ``bench_grid.grid_point`` (bytes checked; the straightforward kernel and a copy timed alike;
     each table's verdict); a line a point, the rows to ``save``, and the table's time over
     ``old``'s: median and range."""
     copy, rows = copy_bandwidth(1 << 30), []

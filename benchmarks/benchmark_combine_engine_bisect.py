@@ -26,7 +26,7 @@ Tried beside it (docs/perf_history.md): ours with each rank's tile loaded where 
 (ptxas hoisted the loads anyway, the same SASS) and with a thread's registers capped (maxnreg
 128/64/48/32 at 1/2/2/4 warps, where every program of 2048 rows would fit the SMs at once:
 spills, 2-3 x the engine design). The same interleaved rounds of CUDA-graph replays as the
-grid (``bench.timed_rounds``); every
+grid (``timing.timed_rounds``); every
 variant's output is checked against ours within 2^-6 first. Prints the median per-round ratio
 of each variant over the engine design per point; the JSON keeps every round.
 """
@@ -46,7 +46,7 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 from dcp_a2a.kernels import tuning  # noqa: E402
-from dcp_a2a.testing import bench, engine_design  # noqa: E402
+from dcp_a2a.testing import bench, engine_design, timing  # noqa: E402
 from benchmark_decode_vs_engine_design import wall_timer, wire, with_launch  # noqa: E402
 
 import _run  # noqa: E402
@@ -197,7 +197,7 @@ def bisect(a, save):
     t0, rows = time.time(), []
     for point in points:
         v, nbytes = variants_at(point, device)
-        med, times, method = bench.timed_rounds(v, nbytes, rounds, timer)
+        med, times, method = timing.timed_rounds(v, nbytes, rounds, timer)
         ratio = {k: statistics.median(x / y for x, y in zip(times[k], times["engine"]))
                  for k in v}
         rows.append({"point": point, "bytes": nbytes, "timing": method, "median_us": med,

@@ -11,11 +11,11 @@ package tree, or its ``vllm/v1/attention/ops/dcp.py``. Only the definitions name
 loaded as a module of their own; nothing of vLLM's is kept in this repository.
 
 In one process, CUDA-graph replay, ``--rounds`` interleaved rounds
-(``dcp_a2a.testing.bench.timed_rounds``) of ours, vLLM's wrapper (``_dcp_a2a_pack_send``,
+(``dcp_a2a.testing.timing.timed_rounds``) of ours, vLLM's wrapper (``_dcp_a2a_pack_send``,
 ``_dcp_a2a_unpack_combine``: allocation is free on replay) and a device copy of the same bytes:
 
 * the 17 decode rows (``dcp_a2a.testing.tune.DECODE_ROWS``): per row and op the medians, the
-  median per-round ratio ours / vLLM with its 95 % interval (``bench.ratio_verdict``), and a
+  median per-round ratio ours / vLLM with its 95 % interval (``timing.ratio_verdict``), and a
   verdict: **met** (unpack <= 0.95 x, pack <= 0.8 x vLLM's kernel, by the interval), **floor**
   (not met, but ours already moves >= 90 % of what the copy of its bytes moves, by the
   interval: the row's bound), or **not met**;
@@ -50,7 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # the scripts beside i
 import dcp_a2a  # noqa: E402  (first: it picks Triton's interpreter on a machine without CUDA)
 import torch  # noqa: E402
 from dcp_a2a.kernels import tuning  # noqa: E402
-from dcp_a2a.testing import bench, eager, tune  # noqa: E402
+from dcp_a2a.testing import bench, eager, tune, timing  # noqa: E402
 
 import _run  # noqa: E402
 
@@ -175,7 +175,7 @@ def timed_row(engine, point, device, rounds, timer):
     """Every op's rounds at ``point``: {op: {"bytes", "timing", "median_us", "times_us"}}."""
     timed = {}
     for op, (variants, nbytes) in row_ops(engine, point, device).items():
-        med, times, method = bench.timed_rounds(variants, nbytes, rounds, timer)
+        med, times, method = timing.timed_rounds(variants, nbytes, rounds, timer)
         timed[op] = {"bytes": nbytes, "timing": method, "median_us": med, "times_us": times}
     return timed
 
@@ -185,8 +185,8 @@ def decode_verdicts(point, timed) -> dict:
     row = {"B": b, "H": h, "D": d, "N": n, "dtype": dt}
     for op, t in timed.items():
         times = t["times_us"]
-        lo, hi, target_verdict = bench.ratio_verdict(times["ours"], times["vllm"], TARGETS[op])
-        flo, fhi, floor_verdict = bench.ratio_verdict(times["ours"], times["copy"],
+        lo, hi, target_verdict = timing.ratio_verdict(times["ours"], times["vllm"], TARGETS[op])
+        flo, fhi, floor_verdict = timing.ratio_verdict(times["ours"], times["copy"],
                                                       1 / FLOOR_SHARE)
         verdict = ("met" if target_verdict == "met" else
                    "floor" if floor_verdict == "met" else "not met")
@@ -208,7 +208,7 @@ def copy_verdicts(point, timed, copy_gbps) -> dict:
         entry = {**t, "ours_over_vllm": _median_ratio(times["ours"], times["vllm"])}
         if copy_gbps:
             ideal = t["bytes"] / (copy_gbps * 1e3)  # us at the card's copy bandwidth
-            lo, hi, verdict = bench.ratio_verdict(times["ours"], [ideal] * len(times["ours"]),
+            lo, hi, verdict = timing.ratio_verdict(times["ours"], [ideal] * len(times["ours"]),
                                                   1 / COPY_SHARE)
             entry.update(share_of_card_copy=ideal / t["median_us"]["ours"],
                          share_interval=[1 / hi, 1 / lo], verdict=verdict)
@@ -221,7 +221,7 @@ def copy_verdicts(point, timed, copy_gbps) -> dict:
 def b1_verdict(row) -> dict:
     sums = [a + b for a, b in zip(row["pack"]["times_us"]["ours"],
                                   row["unpack"]["times_us"]["ours"])]
-    lo, hi, verdict = bench.ratio_verdict(sums, [B1_US] * len(sums), 1.0)
+    lo, hi, verdict = timing.ratio_verdict(sums, [B1_US] * len(sums), 1.0)
     return {"row": [row[k] for k in ("B", "H", "D", "N", "dtype")],
             "pack_us": row["pack"]["median_us"]["ours"],
             "unpack_us": row["unpack"]["median_us"]["ours"],

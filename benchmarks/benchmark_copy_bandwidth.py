@@ -13,7 +13,7 @@ import statistics, time
 import torch
 import triton
 import triton.language as tl
-from dcp_a2a.testing.bench import copy_bandwidth, timed_rounds
+from dcp_a2a.testing.timing import copy_bandwidth, timed_rounds
 from _rounds import check_bytes, copy_pair, fp32_d512_points, point_runs, packs
 import _run
 

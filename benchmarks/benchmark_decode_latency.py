@@ -19,7 +19,8 @@ def main(argv=None):
     import torch
     from dcp_a2a.ops import pack_send, unpack_combine
     from dcp_a2a.testing import straightforward as sf
-    from dcp_a2a.testing.bench import _inputs, timed_rounds
+    from dcp_a2a.testing.bench import _inputs
+    from dcp_a2a.testing.timing import timed_rounds
 
     with _run.recorded(args.out, "decode_latency") as save:
         b, h, d, n, dt = 1, 128, 512, 8, "bfloat16"

@@ -9,7 +9,7 @@ bit for bit, first.
 
 Part "band": the table against a candidate table's pack rules (``--against``, a name in
 ``tuning.CANDIDATES``) at every grid point of 16-bit D=512 (256-lane heads) up to 256 rows, by
-``bench.grid_point`` (bytes checked, the straightforward kernel and a copy timed alike).
+``bench_grid.grid_point`` (bytes checked, the straightforward kernel and a copy timed alike).
 
     python benchmarks/benchmark_decode_launches.py OUT.json target|band [--rounds 7]   (on a GPU)
 """
@@ -17,7 +17,8 @@ import statistics
 import torch
 from dcp_a2a.kernels import tuning
 from dcp_a2a.ops import unpack_combine
-from dcp_a2a.testing.bench import grid_points, timed_rounds
+from dcp_a2a.testing.bench_grid import grid_points
+from dcp_a2a.testing.timing import timed_rounds
 from _rounds import check_bytes, check_tables, pack_point, pack_variants, under_launch
 import _run
 

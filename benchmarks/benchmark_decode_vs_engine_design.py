@@ -30,9 +30,9 @@ over the combine's kernel measures before the table or the kernel changes.
    it does not), and with multiply-add contraction allowed ("fma": what bitwise determinism
    costs; not a candidate, compared within 2^-6). Every candidate's output is checked bit for
    bit against ours and the baselines' within 2^-6 before anything is timed. ``--rounds``
-   interleaved rounds of CUDA-graph replays (``dcp_a2a.testing.bench.timed_rounds``), then per
+   interleaved rounds of CUDA-graph replays (``dcp_a2a.testing.timing.timed_rounds``), then per
    row the median of the per-round ratios ours / engine, its 95 % interval and verdict at 1.0
-   (``bench.ratio_verdict``), and each candidate's median per-round ratio over the engine.
+   (``timing.ratio_verdict``), and each candidate's median per-round ratio over the engine.
 2. Eager calls (:mod:`dcp_a2a.testing.eager`, 1000 back-to-back calls synchronised at the end,
    median of 5): ours, the engine-design wrapper, the empty-kernel floors, lse_reduce (packed,
    a group of one), at two decode rows.
@@ -59,7 +59,7 @@ import torch  # noqa: E402
 
 from dcp_a2a import ops  # noqa: E402
 from dcp_a2a.kernels import combine, tuning  # noqa: E402
-from dcp_a2a.testing import bench, eager, engine_design, tune  # noqa: E402
+from dcp_a2a.testing import bench, eager, engine_design, tune, timing, bench_grid  # noqa: E402
 from dcp_a2a.testing import straightforward as sf  # noqa: E402
 
 import _run  # noqa: E402
@@ -195,12 +195,12 @@ def wall_timer(fn, nbytes):
 def graph_row(point, device, rounds, timer, fma=True, was=None, only=None):
     b, h, d, n, dt = point
     v, nbytes = variants_at(b, h, d, n, dt, device, fma, was, only)
-    med, times, method = bench.timed_rounds(v, nbytes, rounds, timer)
+    med, times, method = timing.timed_rounds(v, nbytes, rounds, timer)
 
     def per_round(a, e):
         return statistics.median(x / y for x, y in zip(times[a], times[e]))
 
-    lo, hi, verdict = bench.ratio_verdict(times["ours"], times["engine"], bench.ENGINE_TARGET)
+    lo, hi, verdict = timing.ratio_verdict(times["ours"], times["engine"], timing.ENGINE_TARGET)
     cands = {k: per_round(k, "engine") for k in v if k not in ("ours", "engine", "sf")}
     vllm = REPORTED_VLLM_US.get(tuple(point))
     return {"B": b, "H": h, "D": d, "N": n, "dtype": dt, "bytes": nbytes, "timing": method,
@@ -225,12 +225,12 @@ def graph_table(rows):
             f"{r['B']:>4} {r['H']:>4} {r['D']:>4} {r['N']:>2} {r['dtype']:<8} "
             f"{r['median_us']['ours']:8.2f} {r['median_us']['engine']:8.2f} "
             f"{r['ours_over_engine']:8.3f} [{lo:6.3f},{hi:6.3f}] "
-            f"{bench._MARK[r['verdict']]:>4} {r['sf_over_engine']:7.3f} "
+            f"{bench_grid._MARK[r['verdict']]:>4} {r['sf_over_engine']:7.3f} "
             + (f"{r['engine_over_reported_vllm']:8.3f}  " if r.get("engine_over_reported_vllm")
                else f"{'-':>8}  ")
             + (f"{best[0]} {best[1]:.3f}" if best else "-"))
     lines.append(f"ratios: medians of the per-round ratios over {rows[0]['rounds']} interleaved "
-                 f"rounds ({rows[0]['timing']}); v: ours <= {bench.ENGINE_TARGET} x the engine "
+                 f"rounds ({rows[0]['timing']}); v: ours <= {timing.ENGINE_TARGET} x the engine "
                  "design (ok met, ? undecided, MISS missed); eng/vllm: the baseline's median "
                  "over the reported vLLM figure (one H200: within 0.95-1.05 asked)")
     return "\n".join(lines)

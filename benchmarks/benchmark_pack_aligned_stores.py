@@ -35,7 +35,7 @@ import torch
 import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
-from dcp_a2a.testing.bench import copy_bandwidth, timed_rounds
+from dcp_a2a.testing.timing import copy_bandwidth, timed_rounds
 from _rounds import check_bytes, copy_pair, fp32_d512_points, point_runs, pack_point, packs
 from benchmark_copy_bandwidth import triton_copy
 import _run

@@ -8,7 +8,7 @@ the slab kernel does not fit), next to the table and the straightforward kernel;
 rounds, every variant's wire bytes checked against the straightforward kernel's first.
 
 Part "check": the table against a candidate table's pack rules (``--against``, a name in
-``tuning.CANDIDATES``) by ``bench.grid_point`` (bytes checked; the straightforward kernel and a
+``tuning.CANDIDATES``) by ``bench_grid.grid_point`` (bytes checked; the straightforward kernel and a
 copy timed alike; each table's verdict against 0.95 x the straightforward kernel, undecided ones
 timed up to 9 rounds).
 
@@ -18,7 +18,8 @@ timed up to 9 rounds).
 import statistics
 import torch
 from dcp_a2a.kernels import tuning
-from dcp_a2a.testing.bench import GRID_B, GRID_HN, timed_rounds
+from dcp_a2a.testing.bench_grid import GRID_B, GRID_HN
+from dcp_a2a.testing.timing import timed_rounds
 from _rounds import check_bytes, check_tables, pack_point, pack_variants
 import _run
 

@@ -21,7 +21,7 @@ memcpy). Every checked variant's bytes are compared with the straightforward ker
 """
 import ctypes, statistics, time
 import torch
-from dcp_a2a.testing.bench import copy_bandwidth, timed_rounds
+from dcp_a2a.testing.timing import copy_bandwidth, timed_rounds
 from _rounds import check_bytes, copy_pair, fp32_d512_points, point_runs, packs
 import _run
 

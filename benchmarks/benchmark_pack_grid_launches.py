@@ -29,7 +29,8 @@ def measure(save, budget):
     from dcp_a2a.kernels.pack import lanes_of
     from dcp_a2a.ops import pack_send
     from dcp_a2a.testing import straightforward as sf
-    from dcp_a2a.testing.bench import _inputs, copy_bandwidth, grid_points, time_us
+    from dcp_a2a.testing.bench import _inputs, copy_bandwidth, time_us
+    from dcp_a2a.testing.bench_grid import grid_points
 
     t0 = time.time()
     copy = copy_bandwidth(1 << 30)

@@ -46,7 +46,8 @@ def measure(save, args):
     from dcp_a2a.kernels import tuning
     from dcp_a2a.kernels.pack import lanes_of, slab_fits, pack
     from dcp_a2a.testing import straightforward as sf
-    from dcp_a2a.testing.bench import grid_points, copy_bandwidth, timed_rounds
+    from dcp_a2a.testing.bench_grid import grid_points
+    from dcp_a2a.testing.timing import copy_bandwidth, timed_rounds
     from _rounds import check_bytes, pack_point, pack_under
 
     t0, budget = time.time(), args.budget

@@ -30,7 +30,7 @@ def measure(save, rounds):
     from dcp_a2a.kernels import tuning
     from dcp_a2a.ops import pack_send
     from dcp_a2a.testing import straightforward as sf
-    from dcp_a2a.testing.bench import copy_bandwidth, timed_rounds
+    from dcp_a2a.testing.timing import copy_bandwidth, timed_rounds
     from _rounds import check_bytes, pack_point, under_launch
 
     variants = {f"slab{g}x{w}": tuning.Launch(g, 1024, w, slab=True)

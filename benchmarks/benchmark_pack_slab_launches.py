@@ -34,7 +34,8 @@ def measure(save, budget, lo, hi, copy_part):
     from dcp_a2a.kernels import tuning
     from dcp_a2a.kernels.pack import lanes_of, pack
     from dcp_a2a.testing import straightforward as sf
-    from dcp_a2a.testing.bench import _inputs, copy_bandwidth, grid_points, time_us
+    from dcp_a2a.testing.bench import _inputs, copy_bandwidth, time_us
+    from dcp_a2a.testing.bench_grid import grid_points
 
     t0 = time.time()
     copy = copy_bandwidth(1 << 30)

@@ -219,7 +219,7 @@ def main(argv=None):
 def measure(save, rounds, lo, hi, families):
     from benchmark_copy_bandwidth import triton_copy
     from _rounds import check_bytes, copy_pair, fp32_d512_points, packs, point_runs
-    from dcp_a2a.testing.bench import copy_bandwidth, timed_rounds
+    from dcp_a2a.testing.timing import copy_bandwidth, timed_rounds
 
     copy = copy_bandwidth(1 << 30)
     pts = [p for p in fp32_d512_points(lo) if p[0] * p[1] <= hi and p[0] <= 1024]

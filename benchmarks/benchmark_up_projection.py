@@ -14,8 +14,8 @@ buffer's size and layout):
 
 through the product's own ops (dcp_a2a.kernels.project.project, pack_send, unpack_combine: what
 ``lse_reduce(w_uv=W, up_proj=...)`` runs), timed in interleaved rounds (CUDA-graph replays below
-1 GiB moved, CUDA events above: dcp_a2a.testing.bench.timed_rounds) with a 95 % interval of the
-time ratio before_exchange / after_merge (bench.ratio_verdict); and the bytes each order puts on
+1 GiB moved, CUDA events above: dcp_a2a.testing.timing.timed_rounds) with a 95 % interval of the
+time ratio before_exchange / after_merge (timing.ratio_verdict); and the bytes each order puts on
 the wire (to the N - 1 peers). The crossover per N is the smallest B from which projecting
 first was faster at every larger B measured (medians; the interval says how sure). ``--write``
 stores the card's crossovers in dcp_a2a/up_projection_switch.json, which
@@ -138,7 +138,7 @@ def _wall_us(fn, nbytes) -> tuple[float, str]:
 
 
 def measure(args, device) -> list[dict]:
-    from dcp_a2a.testing.bench import ratio_verdict, timed_rounds
+    from dcp_a2a.testing.timing import ratio_verdict, timed_rounds
 
     dtype = DTYPES[args.dtype]
     timer = None if device.type == "cuda" else _wall_us
@@ -236,8 +236,8 @@ def distributed(args) -> int:
     """lse_reduce with and without the up-projection on the real group (run under torchrun)."""
     import torch.distributed as dist
 
-    from dcp_a2a.testing.bench import _time_collective
-    from dcp_a2a.testing.rankpool import auto_backend, rank_device
+    from dcp_a2a.testing.bench_collective import _time_collective
+    from dcp_a2a.testing.devices import auto_backend, rank_device
 
     backend = auto_backend()
     device = rank_device(backend, int(os.environ.get("LOCAL_RANK", "0")))

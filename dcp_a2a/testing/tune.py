@@ -11,7 +11,7 @@ launch the base table gives (``--base``: by default the table of a card without 
 is timed beside candidate launches (heads a program, warps, loads in the stores' layout, the
 pack's slab kernel where it fits, a head-major grid, a head split over 2 or 4 programs): every
 candidate's result is first checked bit for bit against the table's. Then, in CUDA-graph
-replay (``dcp_a2a.testing.bench.timed_rounds``):
+replay (``dcp_a2a.testing.timing.timed_rounds``):
 
 1. screening: ``--screen-rounds`` interleaved rounds of every candidate with a short warm-up;
    the ``--finalists`` with the lowest median per-round ratio over the table's launch (below 1)
@@ -19,7 +19,7 @@ replay (``dcp_a2a.testing.bench.timed_rounds``):
 2. decision: ``--rounds`` fresh interleaved rounds of the table's launch and the finalists; a
    finalist replaces the current choice (first the table's launch) only when the
    ``--confidence`` interval of its per-round ratio over the current choice lies below 1
-   (``bench.ratio_verdict``), finalists taken fastest first. Rows that make one problem of the
+   (``timing.ratio_verdict``), finalists taken fastest first. Rows that make one problem of the
    table (float16 and bfloat16 at the same shape: the same lanes) are decided on their rounds
    together.
 
@@ -288,7 +288,7 @@ def sweep(rows, device, base_rules, *, rounds, screen_rounds, finalists, confide
     """(every problem's choice: a dict a problem of each kind of ``KINDS``, the problems left
     out past ``budget`` seconds). A problem is checked (every candidate compiled and its bits
     compared), screened and decided before the next one starts."""
-    from .bench import timed_rounds
+    from .timing import timed_rounds
 
     t0, made, skipped = time.time(), [], []
     groups: dict = {}  # Problem -> [Row]: rows the table cannot tell apart
