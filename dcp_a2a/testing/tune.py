@@ -261,7 +261,7 @@ def decide(rows_times, finalists, confidence):
     """(chosen name, its interval over the table's launch, the steps taken): finalists fastest
     first; one replaces the current choice when the ``confidence`` interval of its per-round
     ratio over the current choice, every row of the group's rounds together, lies below 1."""
-    from .bench import ratio_verdict
+    from .timing import ratio_verdict
 
     def pooled(a, b):
         xs = [t for times in rows_times for t in times[a]]
@@ -456,7 +456,7 @@ def invariance_launches(extra=None) -> int:
     tests/kernel/test_launch_invariance.py lists them), with the rules ``extra`` ({kind:
     rules}, a new table's) added: most are a kernel to compile, the gpu-check's main cost."""
     from ..kernels import tuning
-    from .accuracy import GPU_SHAPES, parse_shapes
+    from .accuracy_cases import GPU_SHAPES, parse_shapes
 
     total = 0
     for s in parse_shapes(GPU_SHAPES):

@@ -45,7 +45,7 @@ def test_what_the_readme_says_quick_runs_is_what_it_runs():
     """The README's --quick sentence names the quick tiers of validate.py and what the
     recorder keeps of them (one case of a project test function, every case of a conformance
     test)."""
-    from dcp_a2a.testing import validate
+    from dcp_a2a.testing import tiers as validate
 
     said = TEXT.split("`dcp-a2a validate --quick` is", 1)[1].split("The second runs", 1)[0]
     said = " ".join(said.split())
