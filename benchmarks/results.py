@@ -129,8 +129,40 @@ def copy_bandwidth(r: dict) -> str:
             f"copy of its bytes")
 
 
+def combine_vs_vllm(r: dict) -> str:
+    """Per op: ours / vLLM's kernel over the decode rows and the verdicts (met, at the copy
+    floor, not met); the large rows' share of copy bandwidth; B=1 pack + unpack."""
+    parts = []
+    for op in ("unpack", "pack"):
+        rows = [x[op] for x in r["decode"]]
+        counts = {v: sum(x["verdict"] == v for x in rows) for v in ("met", "floor", "not met")}
+        parts.append(f"{op} {_range([x['ours_over_vllm'] for x in rows])} × vLLM's kernel "
+                     f"({counts['met']} met, {counts['floor']} at the copy floor, "
+                     f"{counts['not met']} not met of {len(rows)})")
+    large = [x[op]["share_of_card_copy"] for x in r["large"] for op in ("pack", "unpack")]
+    b1 = r["b1"]
+    return ("; ".join(parts) + f"; B=8192 rows {_range(large, '{:.1%}')} of the copy bandwidth;"
+            f" B=1 pack + unpack {b1['sum_us']:.2f} µs ({b1['verdict']} at "
+            f"{b1['target_us']} µs)")
+
+
+def up_projection(r: dict) -> str:
+    """The measured crossover per group size."""
+    c = r["crossover"]
+    parts = [f"N={n}: project first from B={v['min_tokens']}"
+             + ("" if v["every_interval_below_1"] else " (its 95 % interval touches 1 there)")
+             for n, v in sorted(c.items(), key=lambda kv: int(kv[0]))]
+    shape = r["shape"]
+    return (f"H={shape['heads']} L={shape['latent']} V={shape['value']} {shape['dtype']}: "
+            + "; ".join(parts))
+
+
 # benchmark: (what it measures, the headline of one result)
 HEADLINES = {
+    "combine_vs_vllm": ("pack and unpack against vLLM 0.34.0's own kernels: the 17 decode rows, "
+                        "the B=8192 rows, B=1", combine_vs_vllm),
+    "up_projection": ("MLA up-projection: the batch from which projecting before the exchange "
+                      "is faster", up_projection),
     "decode_vs_vllm": ("the 17 decode rows against vLLM 0.34.0's own kernels", decode_vs_vllm),
     "decode_vs_engine_design": ("the 17 decode rows against the engine-design baseline",
                                 decode_vs_engine_design),
