@@ -48,18 +48,12 @@ from __future__ import annotations
 import torch
 
 from ..surfaces import Envelope, Unsupported
-from . import _release
+from . import ENGINE_VARIANTS, GPUS_NEEDED, _release
 from ._common import cuda_gpus, installed_root, installed_version, pick_variant, require_gpus
 
 FOLLOWS = "FlashInfer 0.7.4"
 GET = "pip download --no-deps flashinfer-python==0.7.4 -d DIR"
-VARIANTS = {
-    "cascade": "merge_states: merge of N partials (base-2 LSEs)",
-    "merge_state": "pairwise merge_state chained over the N partials (base-2 LSEs)",
-    "a2a": "decode_cp_a2a_lse_reduce: exchange and merge fused over NCCL symmetric memory; "
-           "installed FlashInfer, needs >= 2 CUDA GPUs",
-}
-GPUS = {"a2a": 2}
+VARIANTS = ENGINE_VARIANTS["flashinfer"]
 TRITON_MEMBER = "flashinfer/triton/kernels/cascade.py"
 TRITON_NAMES = ("state_merge", "state_normalize", "state_get_lse", "merge_state_kernel",
                 "merge_states_kernel")
@@ -217,7 +211,7 @@ def adapter(variant=None, source=None):
             raise ValueError("flashinfer:a2a has no release form: decode_cp_a2a_lse_reduce is "
                              "FlashInfer's compiled CUDA op (use --impl flashinfer:a2a with "
                              "FlashInfer installed)")
-        require_gpus("flashinfer:a2a", GPUS["a2a"],
+        require_gpus("flashinfer:a2a", GPUS_NEEDED[("flashinfer", "a2a")],
                      "decode_cp_a2a_lse_reduce exchanges over NCCL symmetric memory")
     if source is not None:
         ops, release = _triton(source)

@@ -70,7 +70,7 @@ import contextlib
 import torch
 
 from ..surfaces import Envelope, Unsupported
-from . import _release
+from . import ENGINE_VARIANTS, GPUS_NEEDED, _release
 from ._common import import_names, installed_root, installed_version, pick_variant, \
     require_gpus
 from ._coordinators import SglangCoordinator
@@ -80,17 +80,7 @@ KERNELS_MEMBER = "sglang/kernels/ops/attention/dcp_kernels.py"
 COMM_MEMBER = "sglang/srt/layers/dcp/comm.py"
 FOLLOWS = "SGLang 0.5.23"
 GET = "pip download --no-deps sglang==0.5.23 -d DIR"
-VARIANTS = {
-    "a2a": "packed all-to-all: pack_send, unpack_combine, merge, lse_reduce (no LSE returned, "
-           "no masks)",
-    "ag_rs_mha": "all-gather the LSEs, all-reduce, head slice (cp_lse_ag_out_rs_mha): "
-                 "lse_reduce, base e only",
-    "ag_rs_mla": "all-gather the LSEs, Triton correction, reduce-scatter (cp_lse_ag_out_rs_mla):"
-                 " lse_reduce, no LSE returned",
-    "fi_a2a": "the exchange through FlashInfer's MNNVL all-to-all: lse_reduce; installed "
-              "SGLang and FlashInfer, needs >= 2 Blackwell GPUs",
-}
-GPUS = {"fi_a2a": 2}
+VARIANTS = ENGINE_VARIANTS["sglang"]
 
 _PACK = ("_lse_pack_dim", "_dcp_pack_a2a_send_kernel", "dcp_pack_a2a_send",
          "_dcp_lse_combine_kernel", "dcp_lse_combine_triton")
@@ -293,7 +283,7 @@ def adapter(variant=None, source=None):
             raise ValueError("sglang:fi_a2a has no release form: its workspace init needs "
                              "SGLang's runtime and FlashInfer installed (use --impl "
                              "sglang:fi_a2a)")
-        require_gpus("sglang:fi_a2a", GPUS["fi_a2a"],
+        require_gpus("sglang:fi_a2a", GPUS_NEEDED[("sglang", "fi_a2a")],
                      "FlashInfer's MNNVL all-to-all, Blackwell GPUs in one NVLink domain")
     ops_engine = _from_release(variant, source) if source is not None else _installed(variant)
     return _CLASSES[variant](*ops_engine)

@@ -56,7 +56,7 @@ cannot say either yet, so those refusals show as limitations.
 from __future__ import annotations
 
 from ..surfaces import Envelope, Unsupported
-from . import _release
+from . import ENGINE_VARIANTS, GPUS_NEEDED, _release
 from ._common import import_names, installed_root, installed_version, pick_variant, \
     require_gpus
 from ._coordinators import VllmCoordinator
@@ -65,15 +65,7 @@ MODULE = "vllm.v1.attention.ops.dcp"
 MEMBER = "vllm/v1/attention/ops/dcp.py"
 FOLLOWS = "vLLM 0.34.0"
 GET = "pip download --no-deps vllm==0.34.0 -d DIR"
-VARIANTS = {
-    "a2a": "packed all-to-all: pack_send, unpack_combine (into=), lse_reduce (masks, into=, "
-           "the MLA up-projection w_uv=)",
-    "ag_rs": "all-gather the LSEs, reduce-scatter the weighted outputs: lse_reduce "
-             "(installed vLLM only)",
-    "direct": "symmetric-memory direct exchange (DirectDCPA2AWorkspace): lse_reduce; "
-              "installed vLLM, needs >= 2 CUDA GPUs",
-}
-GPUS = {"direct": 2}
+VARIANTS = ENGINE_VARIANTS["vllm"]
 
 # what the a2a variant reads from dcp.py, in the order the generated module defines them
 A2A_NAMES = ("_validate_dcp_empty_shard_args", "_dcp_a2a_lse_pack_dim",
@@ -237,7 +229,7 @@ def adapter(variant=None, source=None):
             raise ValueError("vllm:direct has no release form: it runs vLLM's compiled op "
                              "torch.ops._C.direct_dcp_a2a_lse_reduce (use --impl vllm:direct "
                              "with vLLM installed)")
-        require_gpus("vllm:direct", GPUS["direct"],
+        require_gpus("vllm:direct", GPUS_NEEDED[("vllm", "direct")],
                      "DirectDCPA2AWorkspace exchanges through torch symmetric memory")
         return Direct(*_installed(DIRECT_NAMES))
     return A2A(*(_from_release(source) if source is not None else _installed(A2A_NAMES)))
