@@ -223,6 +223,10 @@ def test_sglang_says_what_its_api_cannot_express(tmp_path):
         impl.pack_send(out, lse, send, 2, 2, 8, 1)
     with pytest.raises(ValueError, match="float32"):  # the engine's own refusal, untouched
         impl.pack_send(out, lse.bfloat16(), send, 2, 2, 8, 2)
+    impl.pack_send(out, lse, send, 2, 2, 8, 2, seq_lens=None, query_start_loc=None)
+    with pytest.raises(Unsupported, match="takes no masks"):
+        impl.pack_send(out, lse, send, 2, 2, 8, 2, seq_lens=torch.tensor([1, 1, 1]),
+                       query_start_loc=torch.tensor([0, 1, 2, 3]))
     mha = load_impl(f"sglang:ag_rs_mha={standins.wheel(tmp_path, 'sglang')}")
     assert mha.surfaces == {"exchange"} and mha.envelope.bases == ("e",)
     with pytest.raises(Unsupported, match="base-2"):

@@ -156,6 +156,8 @@ class MergeStateChain(Cascade):
 class FusedA2A:
     """FlashInfer's fused exchange + merge (variant ``a2a``)."""
 
+    SURFACES = ("exchange",)  # its lse_reduce accepts the contract's "no mask" only
+
     ENVELOPE = Envelope(world_sizes="at least 2", said={
         "world_sizes": "decode_cp_a2a_lse_reduce_create_workspace rendezvouses over the "
                        "group's process group"})
@@ -174,7 +176,11 @@ class FusedA2A:
             have = self._workspaces[key] = (rows, ws)
         return have[1]
 
-    def lse_reduce(self, out, lse, group, *, return_lse=False, is_lse_base_on_e=True):
+    def lse_reduce(self, out, lse, group, *, return_lse=False, is_lse_base_on_e=True,
+                   seq_lens=None, query_start_loc=None):
+        if seq_lens is not None or query_start_loc is not None:
+            raise Unsupported("seq_lens / query_start_loc: FlashInfer's "
+                              "decode_cp_a2a_lse_reduce takes no masks")
         n = group.world_size
         if n < 2 or group.device_group is None:
             raise Unsupported("a group of one: FlashInfer's workspace is a symmetric-memory "

@@ -153,15 +153,25 @@ def _from_release(variant, source):
 
 
 class _Engine:
+    # SGLang takes no masks: its functions accept the contract's "no mask" (None) only, so
+    # the parameters do not mean the masking surface
+    SURFACES = ("exchange",)
+
     def __init__(self, ops, engine: str):
         self.OPS = ops
         self.ENGINE = engine
+
+
+def _no_masks(fn: str, seq_lens, query_start_loc):
+    if seq_lens is not None or query_start_loc is not None:
+        raise Unsupported(f"seq_lens / query_start_loc: SGLang's {fn} takes no masks")
 
 
 class A2A(_Engine):
     """SGLang's packed all-to-all (variant ``a2a``)."""
 
     ENVELOPE = PACKED
+    SURFACES = ("merge", "wire", "exchange")
 
     def lse_pack_dim(self, dtype):
         return self.OPS._lse_pack_dim(dtype)
@@ -181,7 +191,9 @@ class A2A(_Engine):
                               f"it reads the output lanes and the LSE word ({own} lanes) as two "
                               "views of the row")
 
-    def pack_send(self, out, lse, send, world_size, h_per_rank, head_dim, lse_pack_dim):
+    def pack_send(self, out, lse, send, world_size, h_per_rank, head_dim, lse_pack_dim,
+                  seq_lens=None, query_start_loc=None):
+        _no_masks("dcp_pack_a2a_send", seq_lens, query_start_loc)
         if send.dim() == 4 and (world_size, h_per_rank) != (send.shape[0], send.shape[2]):
             raise Unsupported(f"world_size={world_size}, h_per_rank={h_per_rank} with a send "
                               f"buffer of {send.shape[0]} peers x {send.shape[2]} heads: "
@@ -203,7 +215,9 @@ class A2A(_Engine):
                                                    return_lse=return_lse)
         return (out, lse) if return_lse else out
 
-    def lse_reduce(self, out, lse, group, *, return_lse=False, is_lse_base_on_e=True):
+    def lse_reduce(self, out, lse, group, *, return_lse=False, is_lse_base_on_e=True,
+                   seq_lens=None, query_start_loc=None):
+        _no_masks("dcp_a2a_lse_reduce", seq_lens, query_start_loc)
         if return_lse:
             raise Unsupported("an LSE from SGLang's dcp_a2a_lse_reduce: it returns none")
         return self.OPS.dcp_a2a_lse_reduce(out, lse, SglangCoordinator(group),
@@ -217,7 +231,9 @@ class AgRsMha(_Engine):
     ENVELOPE = Envelope(bases=("e",), said={
         "bases": "cp_lse_ag_out_rs_mha has no base parameter: torch.logsumexp and exp"})
 
-    def lse_reduce(self, out, lse, group, *, return_lse=False, is_lse_base_on_e=True):
+    def lse_reduce(self, out, lse, group, *, return_lse=False, is_lse_base_on_e=True,
+                   seq_lens=None, query_start_loc=None):
+        _no_masks("cp_lse_ag_out_rs_mha", seq_lens, query_start_loc)
         if not is_lse_base_on_e:
             raise Unsupported("base-2 LSEs: cp_lse_ag_out_rs_mha has no base parameter "
                               "(natural-log logsumexp only)")
@@ -230,7 +246,9 @@ class AgRsMla(_Engine):
 
     ENVELOPE = POW2
 
-    def lse_reduce(self, out, lse, group, *, return_lse=False, is_lse_base_on_e=True):
+    def lse_reduce(self, out, lse, group, *, return_lse=False, is_lse_base_on_e=True,
+                   seq_lens=None, query_start_loc=None):
+        _no_masks("cp_lse_ag_out_rs_mla", seq_lens, query_start_loc)
         if return_lse:
             raise Unsupported("an LSE from SGLang's cp_lse_ag_out_rs_mla: it returns none")
         merged = self.OPS.cp_lse_ag_out_rs_mla(out, lse, SglangCoordinator(group), ctx=None,
@@ -245,7 +263,9 @@ class FiA2A(_Engine):
 
     ENVELOPE = PACKED
 
-    def lse_reduce(self, out, lse, group, *, return_lse=False, is_lse_base_on_e=True):
+    def lse_reduce(self, out, lse, group, *, return_lse=False, is_lse_base_on_e=True,
+                   seq_lens=None, query_start_loc=None):
+        _no_masks("dcp_a2a_lse_reduce", seq_lens, query_start_loc)
         if return_lse:
             raise Unsupported("an LSE from SGLang's dcp_a2a_lse_reduce: it returns none")
         coord = SglangCoordinator(group)

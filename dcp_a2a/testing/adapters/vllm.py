@@ -96,6 +96,22 @@ def _installed(names):
     return ops, f"vLLM {version} (installed at {root})"
 
 
+def _load_compiled_ops():
+    """vLLM's compiled library, which registers ``torch.ops._C`` (vLLM's CUDA platform loads it
+    at start-up; the direct op is one of its ops)."""
+    import importlib
+
+    failed = []
+    for name in ("vllm._C_stable_libtorch", "vllm._C"):  # 0.34.0's name, then older releases'
+        try:
+            importlib.import_module(name)
+            return
+        except ImportError as e:
+            failed.append(f"{name}: {e}")
+    raise ImportError("vllm:direct needs vLLM's compiled ops (torch.ops._C."
+                      f"direct_dcp_a2a_lse_reduce), which do not load: {'; '.join(failed)}")
+
+
 def _from_release(source):
     release = _release.Release(source)
     ops = _release.load(release, [_release.Part(MEMBER, A2A_NAMES)], prelude=PRELUDE,
@@ -231,5 +247,7 @@ def adapter(variant=None, source=None):
                              "with vLLM installed)")
         require_gpus("vllm:direct", GPUS_NEEDED[("vllm", "direct")],
                      "DirectDCPA2AWorkspace exchanges through torch symmetric memory")
-        return Direct(*_installed(DIRECT_NAMES))
+        ops_engine = _installed(DIRECT_NAMES)
+        _load_compiled_ops()
+        return Direct(*ops_engine)
     return A2A(*(_from_release(source) if source is not None else _installed(A2A_NAMES)))
