@@ -59,7 +59,10 @@ it only picks the pool the tensors are allocated from, never their values.
 
 Envelope: SGLang's merge kernel takes power-of-two head dims only (``tl.arange(0,
 HEAD_DIM)``); its pack refuses non-float32 LSEs (ValueError) and, for 16-bit outputs, an odd
-head dim (ValueError: D must be a multiple of the LSE pack dim). ``ag_rs_mla`` also needs a
+head dim (ValueError: D must be a multiple of the LSE pack dim; a packed row of odd D + 2
+16-bit lanes has no float32 word for the LSE, which torch's view refuses first, as in SGLang's
+own ``dcp_a2a_lse_reduce``). Its pack also views the output as float32 words, so an output
+whose last dim is strided or starts at an odd 16-bit offset is refused by torch's view. ``ag_rs_mla`` also needs a
 power-of-two group size (``N_ROUNDED`` is the group size), which the envelope cannot say yet.
 """
 
@@ -111,8 +114,10 @@ def use_symmetric_memory(group_coordinator, disabled=False):
 
 _SAID = {
     "head_dims": "Triton: arange's range must be a power of 2 (tl.arange(0, HEAD_DIM) in "
-                 "_dcp_lse_combine_kernel); dcp_pack_a2a_send: ValueError head dim D must be "
-                 "a multiple of the LSE pack dim 2 (16-bit outputs)",
+                 "_dcp_lse_combine_kernel); for 16-bit outputs an odd D has no float32 LSE "
+                 "word in its D + 2 lanes (torch: size must be divisible by 2 to view as "
+                 "Float, as in SGLang's dcp_a2a_lse_reduce) and dcp_pack_a2a_send refuses it "
+                 "(ValueError: head dim must be a multiple of the LSE pack dim)",
     "lse_dtypes": "dcp_pack_a2a_send: ValueError LSE tensors must be float32",
 }
 PACKED = Envelope(head_dims="power of two", lse_dtypes=("float32",), said=_SAID)

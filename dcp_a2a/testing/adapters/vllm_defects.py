@@ -102,10 +102,13 @@ def describe(v: dict) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m dcp_a2a.testing.adapters.vllm_defects",
+                                 description=__doc__.split("\n\n")[0])
     ap.add_argument("--impl", required=True, help="the implementation, e.g. vllm=WHEEL")
     ap.add_argument("--case", choices=CASES, help=argparse.SUPPRESS)  # one case, in-process
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
+                    help="where the pack runs (default: cuda if there is one, else the CPU "
+                         "through Triton's interpreter)")
     ap.add_argument("--json", action="store_true", help="one JSON object a case")
     args = ap.parse_args(argv)
     if args.case:
