@@ -16,7 +16,9 @@ float32 and casts either way; checked for the 1.5B in bfloat16 too, docs/evals.m
 
 :func:`find` gives the directory only while its stamp names the registry's SHA-256 and the
 transformers installed now; :func:`evals.model.resolve_model` then loads a registered model
-from it, else from the GGUF (another transformers may dequantise differently).
+from it, else from the GGUF (another transformers may dequantise differently). :func:`export`
+is handed the loader that reads the GGUF (``evals.model.load_model``), so this module needs the
+registry only.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 from .inputs import MissingInput
-from .model import ModelSpec, cached_path
+from .registry import ModelSpec, cached_path, find_gguf
 
 DIR_NAME = "dequantised"
 STAMP = "dequantised.json"
@@ -99,15 +101,14 @@ def _compare(model, tok, other, other_tok) -> str | None:
     return None
 
 
-def export(spec: ModelSpec, root: Path | None = None, log=print) -> Path:
+def export(spec: ModelSpec, load_model, root: Path | None = None, log=print) -> Path:
     """Write, check and stamp the dequantised copy of the prepared ``spec``; returns its path.
-    Raises MissingInput when the GGUF is not prepared, DequantiseError when the copy read back
-    differs."""
+    ``load_model(pretrained, gguf_file, dtype=...)`` gives (model, tokenizer) from the GGUF
+    (``evals.model.load_model``). Raises MissingInput when the GGUF is not prepared,
+    DequantiseError when the copy read back differs."""
     import torch
     from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from .model import find_gguf, load_model
 
     gguf = find_gguf(spec, root)
     if gguf is None:

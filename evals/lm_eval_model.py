@@ -17,7 +17,7 @@ lm-eval registers models by import (it has no plugin entry points), so this modu
 dcp-hf model_args (on top of HFLM's; ``backend`` is the DCP combine backend, HFLM's own
 causal/seq2seq switch is ``hf_backend``):
   model       registered model: smollm2 (default) | qwen2.5-coder-0.5b |
-              qwen2.5-coder-1.5b (see evals/model.py)
+              qwen2.5-coder-1.5b (see evals/registry.py)
   pretrained  an HF model directory or id instead (gguf_file=NAME for a GGUF inside it)
   dtype       float32 (default) | bfloat16 | float16 | float64 | auto
   device      cuda if available, else cpu (lm-eval's --device; cuda falls back to cpu

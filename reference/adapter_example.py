@@ -1,7 +1,8 @@
 """Worked example: a thin adapter that puts an engine's DCP combine behind the dcp_a2a contract,
 so the conformance tier can validate it:
 
-    pytest -m conformance --impl dcp_a2a.reference.adapter_example -n 2
+    pytest -m conformance --impl dcp_a2a.reference.adapter_example -n 2       # its functions
+    pytest -m conformance --impl dcp_a2a.reference.adapter_example:IMPL -n 2  # its instance
 
 The "engine" here is :mod:`reference.wire`: pack/unpack functions that take positional
 arguments and check almost nothing, and no ``lse_reduce`` at all — the situation of an engine
@@ -70,4 +71,7 @@ class EngineAdapter(ReferenceContract):
         return recv
 
 
-lse_pack_dim, pack_send, unpack_combine, lse_reduce = EngineAdapter().functions()
+# ``--impl my_adapter:IMPL`` names this instance (the methods are the contract functions);
+# ``--impl my_adapter`` takes the module's functions below, the same ones
+IMPL = EngineAdapter()
+lse_pack_dim, pack_send, unpack_combine, lse_reduce = IMPL.functions()

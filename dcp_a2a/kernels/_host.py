@@ -57,7 +57,7 @@ def cached_plan(cache: dict, cfg, key: tuple, build):
     """``build()``'s (grid, constexpr keywords) of one launch, from ``cache`` where it was built
     for ``key`` under this very ``cfg``: the Launch that ``tuning.launch`` returns is the same
     object while the table in force is unchanged, so a swapped table or an override (a new
-    object) builds again. Built once per problem instead of on every eager call (issue 47);
+    object) builds again. Built once per problem instead of on every eager call;
     callers must not change the keywords they get."""
     hit = cache.get(key)
     if hit is not None and hit[0] is cfg:

@@ -1,4 +1,4 @@
-"""Launching a compiled kernel without Triton's Python dispatch (issue 47: eager host time).
+"""Launching a compiled kernel without Triton's Python dispatch (an eager call's host time).
 
 ``kernel[grid](*args, **kw)`` binds the arguments, derives their specialisation, looks the
 compiled kernel up in its cache and then launches it. On one H200 (2026-12-05, 1000 eager

@@ -302,7 +302,12 @@ def load_impl(spec: str | None = None) -> Implementation:
         raise ValueError(f"{spec} ({impl.file or mod_name}) has none of the contract's "
                          f"functions ({', '.join(FUNCTIONS)}): not an implementation of it")
     try:
-        impl.surfaces, impl.envelope
+        surfaces, _ = impl.surfaces, impl.envelope
     except ValueError as e:
         raise ValueError(f"{spec}: {e}") from None
+    if not surfaces:
+        has = ", ".join(n for n in FUNCTIONS if impl.has(n))
+        raise ValueError(f"{spec} ({impl.file or mod_name}) exposes none of the contract's "
+                         f"surfaces: it has only {has} (a merge needs merge() or "
+                         "unpack_combine(), the wire pack_send(), the exchange lse_reduce())")
     return impl

@@ -153,6 +153,7 @@ def pytest_collection_modifyitems(session, config, items):
             clause = item.get_closest_marker("clause")
             if clause is not None and clause.args:
                 item.user_properties.append(("dcp_clause", str(clause.args[0])))
+            item.user_properties.append(("dcp_uses_impl", tests_impl(item)))
             keep.append(item)
         else:
             dropped.append({"nodeid": item.nodeid, "tiers": tiers, "markers": marks,
@@ -220,6 +221,8 @@ class _Recorder:
                 rec["markers"] = list(v)
             elif k == "dcp_clause":
                 rec["clause"] = v
+            elif k == "dcp_uses_impl":  # a test of the implementation, not of the harness
+                rec["uses_impl"] = bool(v)
             elif k == "severity":  # the plugin's verdict on a failure (.verdicts)
                 rec["severity"] = v
             elif k == "repro":     # a failure as a few lines of Python (.repro)

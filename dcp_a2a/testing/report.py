@@ -162,10 +162,13 @@ def contract_lines(report: dict) -> list[str]:
             lines.append(f"  {r['clause']}: not applicable ({'; '.join(r['not_applicable_why'])})")
         elif r["outside"]:
             lines.append(f"  {r['clause']}: every case outside the envelope")
-    limits = sorted({w for r in report.get("contract") or [] for w in r["outside_why"]})
-    if limits:
-        lines.append("  outside the envelope, not judged: " + "; ".join(limits[:6])
-                     + (f" (+{len(limits) - 6} more)" if len(limits) > 6 else ""))
+    for r in report.get("contract") or []:
+        for lim in r.get("limits") or []:
+            lines.append(f"  envelope limit: {lim}")
+    outside = sorted({w for r in report.get("contract") or [] for w in r["outside_why"]})
+    if outside:
+        lines.append("  outside the envelope, not judged: " + "; ".join(outside[:6])
+                     + (f" (+{len(outside) - 6} more)" if len(outside) > 6 else ""))
     total = len(report.get("contract") or [])
     lines.append(f"  {len(judged)} of {total} clauses judged")
     return lines

@@ -166,7 +166,7 @@ def render(recorded: list[Call], spec: str, failure: str, nodeid: str = "") -> s
     """A script that loads ``spec`` and repeats ``recorded``'s calls; the failure text follows
     as a comment."""
     lines = ["import torch", "from dcp_a2a.testing.impl import load_impl", "",
-             f"impl = load_impl({spec!r})"]
+             'inf, nan = float("inf"), float("nan")', f"impl = load_impl({spec!r})"]
     notes = []
     for i, c in enumerate(recorded):
         names = []

@@ -70,6 +70,7 @@ CLAUSE_SURFACES = {
 
 NOT_APPLICABLE = "not applicable: "
 OUTSIDE = "outside the envelope: "
+ENVELOPE_LIMIT = "envelope limit: "  # test_envelope.py's report of one declared limit
 
 
 class Unsupported(Exception):
@@ -181,6 +182,11 @@ class Envelope:
         while not self.head_dim_ok(d):
             d += 1
         return d
+
+    @property
+    def base_e(self) -> bool:
+        """The LSE base of tests whose base is incidental: e where the envelope takes it."""
+        return "e" in self.bases
 
     def world_size_ok(self, n: int) -> bool:
         return n >= 2 or self.world_sizes == "any"

@@ -59,7 +59,7 @@ def ulp(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return torch.where(torch.isfinite(a), sp, torch.full_like(a, float("inf")))
 
 
-FORMULATIONS = ("global_max", "online")
+FORMULATIONS = ("global_max", "online", "rounded_lse")
 KINDS = ("a2a", "ag_rs")
 
 
@@ -72,15 +72,16 @@ def _coeffs(dtype: torch.dtype, formulation: str) -> dict:
     """The output coefficients (shift_coeff, rank_coeff, constant) of ``formulation``."""
     _check_choice("formulation", formulation, FORMULATIONS)
     t = load()
-    if formulation == "online":
-        return t["online"]["output"]
+    if formulation in ("online", "rounded_lse"):
+        return t[formulation]["output"]
     return t["a2a"][dtype_name(dtype)]["output"]
 
 
 def evaluation_bound(magnitude: torch.Tensor, shift_magnitude: torch.Tensor,
                      mean_shift: torch.Tensor, dtype: torch.dtype, world_size: int,
                      small_weight_magnitude: torch.Tensor | float = 0.0,
-                     formulation: str = "global_max") -> torch.Tensor:
+                     formulation: str = "global_max",
+                     lse: torch.Tensor | None = None) -> torch.Tensor:
     """E: the bound on the fp32 evaluation error of the merge before the final rounding to
     ``dtype`` (float64 [B, H, D]), ``u * (shift_coeff * (S + X * M) + (rank_coeff * N +
     constant) * M) + F``: the part of :func:`output_bound_from` an implementation's arithmetic
@@ -94,6 +95,18 @@ def evaluation_bound(magnitude: torch.Tensor, shift_magnitude: torch.Tensor,
     x = torch.as_tensor(mean_shift, dtype=torch.float64, device=magnitude.device)
     if x.dim() == magnitude.dim() - 1:
         x = x[..., None]  # one X per row, M per element
+    if formulation == "rounded_lse":  # weights from fl(g): the classification bound only
+        if lse is None:
+            raise ValueError("the rounded_lse formulation's bound needs the merged LSE g*")
+        g = torch.as_tensor(lse, dtype=torch.float64, device=magnitude.device)
+        g = torch.where(torch.isfinite(g), g.abs(), torch.zeros_like(g))
+        if g.dim() == magnitude.dim() - 1:
+            g = g[..., None]
+        return (u * (c["shift_coeff"] * shift_magnitude
+                     + (c["g_coeff"] * g + c["mean_shift_coeff"] * x
+                        + c["rank_coeff"] * world_size
+                        + c["log_rank_coeff"] * math.log(world_size) + c["constant"])
+                     * magnitude) + small_weight_magnitude)
     return (u * (c["shift_coeff"] * (shift_magnitude + x * magnitude)
                  + (c["rank_coeff"] * world_size + c["constant"]) * magnitude)
             + small_weight_magnitude)
@@ -131,6 +144,7 @@ def lse_bound(ref_lse: torch.Tensor, mean_shift: torch.Tensor, dtype: torch.dtyp
     _check_choice("formulation", formulation, FORMULATIONS)
     t = load()
     top = t["online"] if formulation == "online" else t["a2a"][dtype_name(dtype)]
+    # rounded_lse: the merged LSE is computed as in the global-max formulation
     c = top["lse"]["base_e" if is_lse_base_on_e else "base_2"]
     u = t["fp32_unit_roundoff"]
     g = torch.where(torch.isfinite(ref_lse), ref_lse.abs(), torch.zeros_like(ref_lse))

@@ -15,9 +15,10 @@ convention a difference of convention: the error type or wording of a refusal, w
 ========== ==============================================================================
 
 A test raises :class:`Convention` or :class:`Precision` (both AssertionErrors) where its failure is
-of that kind; any other assertion is a defect; an exception the implementation raised from a call
-the test expected to succeed is a limitation (the implementation's calls are tagged by
-``dcp_a2a.testing.impl``), except a lost GPU context, which is memory unsafety.
+of that kind; any other assertion of the suite is a defect; an exception the implementation raised
+(its own ``assert`` included) from a call the test expected to succeed is a limitation (the
+implementation's calls are tagged by ``dcp_a2a.testing.impl``), except a lost GPU context, which
+is memory unsafety.
 """
 
 from __future__ import annotations
@@ -29,6 +30,13 @@ IMPL_RAISED = "_dcp_a2a_raised_by_implementation"
 # a CUDA error that poisons the context: memory unsafety in the code that ran before it
 _MEMORY_UNSAFE = ("illegal memory access", "misaligned address", "unspecified launch failure",
                   "illegal instruction", "out of bounds")
+
+
+class Defect(AssertionError):
+    """A defect inside a test whose other checks are conventions (``pytest.mark.convention``):
+    the caller's tensors changed, a NaN let in. Never downgraded."""
+
+    severity = "defect"
 
 
 class Convention(AssertionError):
@@ -53,12 +61,14 @@ def memory_unsafe(text: str) -> bool:
 
 def severity_of(exc: BaseException) -> tuple[str, str]:
     """(severity, why) of the exception a failing test raised."""
+    if isinstance(exc, Defect):
+        return "defect", "defect"
     if isinstance(exc, (Convention, Precision)):
         return exc.severity, type(exc).__name__.lower()
     text = f"{type(exc).__name__}: {exc}"
     if memory_unsafe(text):
         return "defect", "memory unsafety"
-    if getattr(exc, IMPL_RAISED, False) and not isinstance(exc, AssertionError):
+    if getattr(exc, IMPL_RAISED, False):  # the engine's own assert counts as a refusal too
         return "limitation", f"valid input refused ({type(exc).__name__})"
     pool_tracebacks = getattr(exc, "tracebacks", None)
     if isinstance(pool_tracebacks, dict) and pool_tracebacks:
@@ -80,11 +90,25 @@ def severity_of_tracebacks(texts: list[str]) -> tuple[str, str]:
             found.append(("convention", "convention"))
         elif f"{Precision.__module__}.Precision" in line or line.startswith("Precision"):
             found.append(("precision", "precision"))
-        elif "AssertionError" in line:
+        elif "AssertionError" in line and not _raised_outside_the_suite(t):
             found.append(("defect", "wrong result"))
+        elif _raised_outside_the_suite(t):  # the implementation's own code raised
+            found.append(("limitation", f"valid input refused "
+                                        f"({line.split(':', 1)[0].strip() or 'error'})"))
         else:
             found.append(("defect", f"unexpected {line.split(':', 1)[0].strip() or 'error'}"))
     return min(found, key=lambda f: ORDER[f[0]]) if found else ("defect", "rank failure")
+
+
+def _raised_outside_the_suite(traceback_text: str) -> bool:
+    """Whether a formatted traceback's innermost frame lies outside the suite's own code
+    (dcp_a2a/testing, pytest, torch.multiprocessing): the implementation under test raised."""
+    files = [ln.strip() for ln in traceback_text.splitlines() if ln.strip().startswith('File "')]
+    if not files:
+        return False
+    last = files[-1].replace("\\", "/")
+    return not any(part in last for part in ("/dcp_a2a/testing/", "/_pytest/", "/pytest/",
+                                             "/multiprocessing/"))
 
 
 def severity_of_text(text: str) -> tuple[str, str]:
@@ -120,18 +144,19 @@ def clause_table(records: list[dict], clauses) -> list[dict]:
     per clause ``passed``, ``failed`` (per severity), ``not_applicable`` (with the surfaces
     missing), ``outside`` (outside the envelope, with the limits), ``skipped`` (any other
     reason) and ``judged`` (passed + failed). Clauses no test ran are listed with zeros."""
-    from .surfaces import NOT_APPLICABLE, OUTSIDE
+    from .surfaces import ENVELOPE_LIMIT, NOT_APPLICABLE, OUTSIDE
 
-    rows = {c: {"clause": c, "passed": 0, "failed": {s: 0 for s in SEVERITIES},
-                "not_applicable": 0, "not_applicable_why": [], "outside": 0,
-                "outside_why": [], "skipped": 0, "judged": 0} for c in clauses}
+    def empty(c):
+        return {"clause": c, "passed": 0, "failed": {s: 0 for s in SEVERITIES},
+                "not_applicable": 0, "not_applicable_why": [], "outside": 0, "outside_why": [],
+                "limits": [], "skipped": 0, "judged": 0}
+
+    rows = {c: empty(c) for c in clauses}
     for rec in records:
         c = rec.get("clause")
-        if not c:
+        if not c or rec.get("uses_impl") is False:
             continue
-        row = rows.setdefault(c, {"clause": c, "passed": 0, "failed": {s: 0 for s in SEVERITIES},
-                                  "not_applicable": 0, "not_applicable_why": [], "outside": 0,
-                                  "outside_why": [], "skipped": 0, "judged": 0})
+        row = rows.setdefault(c, empty(c))
         outcome = rec.get("outcome")
         text = str(rec.get("text") or "")
         if outcome in ("passed", "xpassed", "xfailed"):
@@ -148,6 +173,8 @@ def clause_table(records: list[dict], clauses) -> list[dict]:
             why = text[len(OUTSIDE):]
             if why not in row["outside_why"]:
                 row["outside_why"].append(why)
+        elif outcome == "skipped" and text.startswith(ENVELOPE_LIMIT):
+            row["limits"].append(text[len(ENVELOPE_LIMIT):])
         elif outcome == "skipped":
             row["skipped"] += 1
     for row in rows.values():
@@ -166,6 +193,8 @@ def clause_status(row: dict) -> str:
         return "not applicable"
     if row["outside"]:
         return "outside envelope"
+    if row.get("limits"):
+        return "limits reported"
     if row["skipped"]:
         return "skipped"
     return "not run"

@@ -40,7 +40,6 @@ BAD = [
     # an --out that cannot be created failed only when the results were written, after the run
     ("gsm8k", ["--out", "/proc/nope/o"], "argument --out: /proc/nope/o cannot be created"),
     ("logit_parity", ["--out", "/proc/nope/o"], "argument --out: /proc/nope/o cannot be created"),
-    ("bench_step", ["--out", "/proc/nope/o"], "argument --out: /proc/nope/o cannot be created"),
 ]
 
 

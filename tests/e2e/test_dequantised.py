@@ -13,7 +13,7 @@ import torch
 
 from dcp_a2a.evals import dequantised as dq
 from dcp_a2a.evals import model as em
-from dcp_a2a.evals import prepare
+from dcp_a2a.evals import prepare, registry
 
 pytestmark = pytest.mark.unit
 
@@ -32,7 +32,7 @@ def fake(tmp_path, monkeypatch, tiny_model_dir):
                         wheels=("fake-wheel==1.0",), packages=("fake_wheel_pkg",),
                         member="*.gguf", size=len(data), sha256=hashlib.sha256(data).hexdigest())
     monkeypatch.setitem(em.MODELS, "fake", spec)
-    monkeypatch.setattr(em, "installed_pieces", lambda spec: None)
+    monkeypatch.setattr(registry, "installed_pieces", lambda spec: None)
     # resolve_model refuses a GGUF without the gguf package (CI has none); none is read here
     find_spec = em.importlib.util.find_spec
     monkeypatch.setattr(em.importlib.util, "find_spec",
@@ -67,7 +67,7 @@ def test_export_then_resolve_loads_the_same_model(fake, tiny_model_dir):
     spec, cache, gguf, asked = fake
     assert dq.find(spec) is None
     assert em.resolve_model("fake")["gguf_file"] == "fake.gguf"
-    d = dq.export(spec, log=lambda _: None)
+    d = dq.export(spec, em.load_model, log=lambda _: None)
     assert asked == [(str(gguf.parent), "fake.gguf", "float32")]  # read from the GGUF
     assert d == dq.path(spec, cache) and dq.find(spec) == d
     assert not d.with_name(d.name + ".tmp").exists()
@@ -100,7 +100,7 @@ def test_a_tied_model_is_written_once_and_tied_again(fake, tiny_model_dir, tmp_p
     load = em.load_model  # the fixture's: the "GGUF" is the tiny untied model
     monkeypatch.setattr(em, "load_model", lambda p=None, g=None, dtype="float32", **kw: load(
         str(tied), None, dtype=dtype) if g == spec.gguf_name else load(p, g, dtype=dtype, **kw))
-    d = dq.export(spec, log=lambda _: None)
+    d = dq.export(spec, em.load_model, log=lambda _: None)
     got, _ = em.load_model(str(d), None)
     assert got.lm_head.weight.data_ptr() == got.get_input_embeddings().weight.data_ptr()
     assert torch.equal(got.lm_head.weight, m.lm_head.weight)
@@ -110,7 +110,7 @@ def test_a_tied_model_is_written_once_and_tied_again(fake, tiny_model_dir, tmp_p
                                           ("format", "something else")])
 def test_a_stale_stamp_falls_back_to_the_gguf(fake, field, value):
     spec, cache, gguf, _ = fake
-    d = dq.export(spec, log=lambda _: None)
+    d = dq.export(spec, em.load_model, log=lambda _: None)
     stamp = json.loads((d / dq.STAMP).read_text())
     (d / dq.STAMP).write_text(json.dumps({**stamp, field: value}))
     assert dq.find(spec) is None
@@ -132,7 +132,7 @@ def test_a_copy_that_reads_back_differently_is_not_kept(fake, monkeypatch):
 
     monkeypatch.setattr(st, "save_file", save_with_one_bit_off)
     with pytest.raises(dq.DequantiseError, match=r"tensor .* differs; nothing kept"):
-        dq.export(spec, log=lambda _: None)
+        dq.export(spec, em.load_model, log=lambda _: None)
     assert not dq.path(spec, cache).exists()
     assert not dq.path(spec, cache).with_name(dq.DIR_NAME + ".tmp").exists()
     assert em.resolve_model("fake")["gguf_file"] == "fake.gguf"

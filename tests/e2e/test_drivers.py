@@ -91,7 +91,7 @@ def test_gsm8k_driver_through_lm_eval(tiny_dir, tmp_path, monkeypatch, capfd):
                        "--out", str(tmp_path / "p")])
     assert apart["paired"] == report["paired"] and apart["baseline"] == "reference"
     assert json.loads((tmp_path / "p" / "results.json").read_text())["paired"] == apart["paired"]
-    # and from the results file alone (what docs/evals_data keeps): its per-question records
+    # and from the results file alone (what docs/results keeps): its per-question records
     # give every number but the token-prefix agreement
     kept = tmp_path / "kept.json"
     kept.write_text((out / "results.json").read_text())

@@ -175,7 +175,7 @@ def test_lm_eval_model_help_is_ours_then_lm_evals(capsys):
 
 
 @pytest.mark.unit
-@pytest.mark.parametrize("module", ["gsm8k", "logit_parity", "prepare", "pair", "bench_step"])
+@pytest.mark.parametrize("module", ["gsm8k", "logit_parity", "prepare", "pair"])
 def test_every_option_has_help_and_shows_its_default(module):
     import importlib
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import copy
 import math
+import sys
 
 import pytest
 import torch
@@ -223,17 +224,27 @@ def test_batched_kernels_equal_per_rank_lse_reduce(dtype, backend):
     assert torch.equal(got, want)
 
 
-def test_bench_step_times_both_paths_and_compares_their_tokens(tiny_dir, tmp_path):
-    """The timing tool the GPU session runs first (bench_step --legacy): a row per backend and
-    path, and the legacy path's greedy tokens equal today's."""
-    from dcp_a2a.evals import bench_step
+def test_the_decode_step_benchmark_times_every_backend(tiny_dir, tmp_path):
+    """benchmarks/benchmark_eval_decode_step.py on the tiny model: a row per backend, and the
+    result files with the run's card and commit."""
+    import importlib.util
+    import json
+    from pathlib import Path
 
-    report = bench_step.main(["--pretrained", str(tiny_dir[0]), "--batch-size", "2",
-                              "--context", "12", "--steps", "3", "--rounds", "1", "--legacy",
-                              "--device", "cpu", "--out", str(tmp_path)])
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "benchmark_eval_decode_step.py"
+    sys.path.insert(0, str(path.parent))  # the script imports its neighbour _run
+    try:
+        spec = importlib.util.spec_from_file_location("_decode_step_benchmark", path)
+        bench = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(bench)
+        report = bench.main(["--pretrained", str(tiny_dir[0]), "--batch-size", "2",
+                             "--context", "12", "--steps", "3", "--rounds", "1",
+                             "--device", "cpu", "--out", str(tmp_path)])
+    finally:
+        sys.path.remove(str(path.parent))
     rows = report["rows"]
-    assert [(r["backend"], r["path"]) for r in rows] == [
-        (b, p) for b in bench_step.BACKENDS for p in ("today", "legacy")]
-    assert all(r["same_tokens_as_today"] for r in rows if r["path"] == "legacy")
+    assert [r["backend"] for r in rows] == list(bench.BACKENDS)
     assert all(r["steps"] == 2 and r["median_ms"] > 0 for r in rows)
-    assert (tmp_path / "bench_step.json").is_file()
+    saved = json.loads((tmp_path / "decode_step.json").read_text())
+    assert saved["rows"] == rows and saved["run"]["card"].startswith("CPU")
+    assert "ms/step" in (tmp_path / "decode_step.md").read_text()

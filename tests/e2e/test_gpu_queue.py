@@ -74,3 +74,32 @@ def test_main_refuses_a_bad_file_in_one_line(tmp_path, capsys):
     assert gq.main([str(f), "--logs", str(tmp_path / "q"), "--budget-gb", "1"]) == 2
     assert capsys.readouterr().err.strip() == "gpu_queue: line 1: GB must be a number, got 'x'"
     assert not (tmp_path / "q").exists()
+
+
+def test_the_gpu_evals_script_queues_commands_its_drivers_take(tmp_path):
+    """evals/run_gpu_evals.sh --jobs: a job list gpu_queue parses, every job's command one that
+    its driver's argument parser takes (a renamed or dropped option fails here, not on a GPU
+    node), and an unknown job name refused before anything runs."""
+    import shlex
+    import subprocess
+    from pathlib import Path
+
+    from tests.unit.test_documented_commands import _parse_with_main
+
+    script = Path(__file__).resolve().parents[2] / "evals" / "run_gpu_evals.sh"
+    listed = subprocess.run(["bash", str(script), "--jobs", str(tmp_path)], capture_output=True,
+                            text=True, timeout=60)
+    assert listed.returncode == 0, listed.stderr
+    jobs = gq.parse(listed.stdout)
+    assert [j.name for j in jobs] == ["bf16-reference", "bf16-packed", "fp32-reference",
+                                      "fp32-packed", "bf16-two_collective", "bf16-ag_rs",
+                                      "parity", "torchrun"]
+    for job in jobs:
+        argv = shlex.split(job.command)
+        module = argv[argv.index("-m") + 1]
+        ns = _parse_with_main(module, argv[argv.index("-m") + 2:])
+        assert Path(ns.out) == tmp_path / job.name
+    bad = subprocess.run(["bash", str(script), str(tmp_path / "o"), "nonesuch"],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "unknown job nonesuch" in bad.stderr
+    assert not (tmp_path / "o").exists()

@@ -108,7 +108,7 @@ def test_the_command_fails_in_one_line(tmp_path, capsys):
 
 
 def _records_only(d, name="kept.json"):
-    """The run as committed under docs/evals_data: its results file alone, the per-question
+    """The run as kept under docs/results: its results file alone, the per-question
     records in it (written here as the driver writes them), no samples file."""
     from dcp_a2a.evals.records import question_records
 

@@ -1,6 +1,6 @@
 """The docs' relative links resolve (a file, and a heading where the link names an anchor), and
-docs/perf.md stays the current state, its pass-by-pass history in docs/perf_history.md
-(issue 48: perf.md had grown to a 16k-word log)."""
+docs/perf.md stays the current state and docs/perf_history.md a short history (perf.md had once
+grown to a 16k-word log of every pass)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ import pytest
 pytestmark = pytest.mark.unit
 
 ROOT = Path(__file__).resolve().parents[2]
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+DOCS = [ROOT / "README.md", ROOT / "benchmarks" / "README.md",
+        *sorted((ROOT / "docs").glob("*.md"))]
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 
 
@@ -45,11 +46,9 @@ def test_relative_links_resolve(doc):
 
 def test_perf_md_is_the_current_state_and_links_its_history():
     perf = (ROOT / "docs" / "perf.md").read_text()
-    assert len(perf.split()) < 5000, "docs/perf.md is the current state; passes go to history"
+    assert len(perf.split()) < 3000, "docs/perf.md is the current state; passes go to history"
     assert "[perf_history.md](perf_history.md)" in perf
     history = (ROOT / "docs" / "perf_history.md").read_text()
-    passes = re.findall(r"^## (\w+) pass", history, flags=re.M)
-    ordinals = ("First Second Third Fourth Fifth Sixth Seventh Eighth Ninth Tenth Eleventh "
-                "Twelfth Thirteenth Fourteenth Fifteenth Sixteenth Seventeenth Eighteenth "
-                "Nineteenth Twentieth").split()
-    assert len(passes) >= 15 and passes == ordinals[:len(passes)], passes  # in order, none lost
+    # a few lines a pass, lessons only: the raw tables live in git and in docs/results
+    assert len(history.split()) < 3000, "docs/perf_history.md is a short history"
+    assert not re.search(r"^\|.*\|$", history, flags=re.M), "tables of numbers go to results"

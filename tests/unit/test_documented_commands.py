@@ -1,8 +1,9 @@
 """Every command line the README and docs/ show in a shell block goes through its real parser:
 the project's commands (``dcp-a2a``, ``dcp-a2a-bench``, ``python -m dcp_a2a...``, ``torchrun
-... -m dcp_a2a...``) through their own ``main`` up to argparse's verdict, and every ``pytest``
-line as a collection (``--co``), which is where a broken plugin or conftest shows. A documented
-line that stopped parsing fails here, named by file and line.
+... -m dcp_a2a...``, ``python benchmarks/SCRIPT.py`` and the other scripts of the checkout,
+and the command ``benchmarks/record.py`` runs) through their own ``main`` up to argparse's
+verdict, and every ``pytest`` line as a collection (``--co``), which is where a broken plugin or
+conftest shows. A documented line that stopped parsing fails here, named by file and line.
 
 Synopses are read as their shortest form: ``[optional parts]`` are dropped. Placeholders for
 the reader's own code run as a stand-in that exists (``my_engine.dcp_adapter`` -> the reference
@@ -64,8 +65,30 @@ _OURS = re.compile(r"^(\w+=\S*\s+)*(\S*/)?(dcp-a2a|dcp-a2a-bench|pytest|torchrun
                    r"python3?(\.\d+)?)(\s|$)")
 
 
+def _classify(where, argv, out):
+    """Append (where, kind, target, argv) for one command's argv, if it is one of ours."""
+    prog = Path(argv[0]).name
+    if prog in ENTRY_POINTS:
+        out.append((where, "main", ENTRY_POINTS[prog], argv[1:]))
+    elif prog == "pytest":
+        out.append((where, "pytest", None, argv[1:]))
+    elif prog == "torchrun" and "-m" in argv:
+        i = argv.index("-m")
+        out.append((where, "main", argv[i + 1], argv[i + 2:]))
+    elif re.fullmatch(r"python3?(\.\d+)?", prog) and argv[1:2] == ["-m"] and len(argv) > 2:
+        mod, rest = argv[2], argv[3:]
+        if mod == "pytest":
+            out.append((where, "pytest", None, rest))
+        elif mod.startswith("dcp_a2a"):
+            out.append((where, "main", ENTRY_POINTS.get(mod, mod), rest))
+    elif re.fullmatch(r"python3?(\.\d+)?", prog) and argv[1:2] and argv[1].endswith(".py"):
+        out.append((where, "main", argv[1], argv[2:]))
+        if Path(argv[1]).name == "record.py" and "--" in argv:  # and the command it records
+            _classify(where, argv[argv.index("--") + 1:], out)
+
+
 def _commands():
-    """(where, kind, target, argv): kind 'main' (a module's main) or 'pytest'."""
+    """(where, kind, target, argv): kind 'main' (a module's or script's main) or 'pytest'."""
     out = []
     for where, line in _shell_lines():
         line = re.sub(r"\s+#\s.*$", "", line)
@@ -82,22 +105,8 @@ def _commands():
             argv = shlex.split(seg)
             while argv and "=" in argv[0] and not argv[0].startswith("-"):
                 argv = argv[1:]  # VAR=value prefixes
-            if not argv:
-                continue
-            prog = Path(argv[0]).name
-            if prog in ENTRY_POINTS:
-                out.append((where, "main", ENTRY_POINTS[prog], argv[1:]))
-            elif prog == "pytest":
-                out.append((where, "pytest", None, argv[1:]))
-            elif prog == "torchrun" and "-m" in argv:
-                i = argv.index("-m")
-                out.append((where, "main", argv[i + 1], argv[i + 2:]))
-            elif re.fullmatch(r"python3?(\.\d+)?", prog) and argv[1:2] == ["-m"] and len(argv) > 2:
-                mod, rest = argv[2], argv[3:]
-                if mod == "pytest":
-                    out.append((where, "pytest", None, rest))
-                elif mod.startswith("dcp_a2a"):
-                    out.append((where, "main", ENTRY_POINTS.get(mod, mod), rest))
+            if argv:
+                _classify(where, argv, out)
     return out
 
 
@@ -108,9 +117,26 @@ class _Parsed(Exception):
     pass
 
 
+def load_script(path: str):
+    """A script of the checkout (``benchmarks/x.py``) as a module, its folder importable (the
+    scripts import their neighbours by name)."""
+    import importlib.util
+
+    file = ROOT / path
+    assert file.is_file(), f"{path}: no such script in the checkout"
+    folder = str(file.parent)
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
+    spec = importlib.util.spec_from_file_location(f"_documented_{file.stem}", file)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def _parse_with_main(module: str, argv: list[str]):
-    """Run ``module.main(argv)`` until argparse has judged the arguments: its namespace, or
-    SystemExit(2) with argparse's message for a bad line."""
+    """Run ``module.main(argv)`` (``module`` a dotted name or a script's path) until argparse
+    has judged the arguments: its namespace, or SystemExit(2) with argparse's message for a bad
+    line."""
     real = argparse.ArgumentParser.parse_args
     seen = []
 
@@ -119,13 +145,16 @@ def _parse_with_main(module: str, argv: list[str]):
         seen.append(ns)
         raise _Parsed
 
-    mod = importlib.import_module(module)
+    mod = load_script(module) if module.endswith(".py") else importlib.import_module(module)
+    # a program whose main takes parsed arguments reads its command line in cli(argv), as its
+    # `python -m` entry does (dcp_a2a.testing.engines)
+    entry = getattr(mod, "cli", None) or mod.main
     with mock.patch.object(argparse.ArgumentParser, "parse_args", parse_then_stop):
         try:
-            mod.main(argv)
+            entry(argv)
         except _Parsed:
             return seen[-1]
-    raise AssertionError(f"{module}.main returned without parsing its arguments")
+    raise AssertionError(f"{module}.{entry.__name__} returned without parsing its arguments")
 
 
 def test_the_docs_show_the_commands_this_checks():

@@ -1,5 +1,6 @@
 """The conformance tier's refusal vocabulary (dcp_a2a/testing/conformance/_refusals.py): it
-accepts the phrasings engines use for a problem, and nothing that does not name it; the
+accepts the phrasings engines use for a problem; a refusal in words that do not name it, or of
+another exception type, is a difference of convention; bad input accepted is a defect; the
 tripwire group fails any collective by name."""
 
 from __future__ import annotations
@@ -10,7 +11,8 @@ import torch.distributed as dist
 
 from dcp_a2a.testing.conformance._refusals import (HEAD_DIM_WORDS, NOT_DIVISIBLE_WORDS,
                                                    PACK_DIM_WORDS, TripwireGroup, dtype_words,
-                                                   refused)
+                                                   refused, refused_instead)
+from dcp_a2a.testing.verdicts import Convention, severity_of
 
 pytestmark = pytest.mark.unit
 
@@ -37,18 +39,35 @@ def test_accepted_phrasings(words, message):
     (dtype_words(torch.float64), "unsupported dtype"),
     (dtype_words(torch.float8_e5m2), "float16 is not supported"),
 ])
-def test_a_message_that_does_not_name_the_problem_fails(words, message):
-    with pytest.raises(AssertionError, match="Regex pattern did not match"):
+def test_a_message_that_does_not_name_the_problem_is_a_convention(words, message):
+    with pytest.raises(Convention, match="do not name the problem"):
         with refused(words, dtype_problem=True):
             raise ValueError(message)
 
 
 def test_type_error_only_for_dtypes():
-    with pytest.raises(TypeError):
+    with pytest.raises(Convention, match="refused with TypeError instead of a ValueError"):
         with refused(NOT_DIVISIBLE_WORDS):
             raise TypeError("H must be divisible by N")
     with refused(dtype_words(torch.float64), dtype_problem=True):
         raise TypeError("float64 is not a supported output dtype")
+
+
+def test_accepted_bad_input_is_a_defect_and_another_exception_a_convention():
+    with pytest.raises(AssertionError, match="bad input accepted") as e:
+        with refused(NOT_DIVISIBLE_WORDS):
+            pass
+    assert severity_of(e.value)[0] == "defect"
+    with pytest.raises(Convention, match="refused with RuntimeError") as e:
+        with refused(NOT_DIVISIBLE_WORDS):
+            raise RuntimeError("triton: arange's range must be a power of 2")
+    assert severity_of(e.value)[0] == "convention"
+    with pytest.raises(AssertionError, match="tripwire"):  # the suite's own: passes through
+        with refused(NOT_DIVISIBLE_WORDS):
+            raise AssertionError("tripwire: all_to_all_single reached the process group")
+    assert refused_instead(lambda: None, "x") is False
+    with pytest.raises(Convention):
+        refused_instead(lambda: (_ for _ in ()).throw(IndexError("boom")), "x")
 
 
 def test_tripwire_group_fails_every_collective_by_name():

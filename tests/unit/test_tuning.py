@@ -1,8 +1,11 @@
-"""The launch table's rules (host arithmetic only: no kernel runs here)."""
+"""The launch tables: the H200's rules, the tables' files (read, checked, chosen per card) and
+the rules a sweep writes (host arithmetic only: no kernel runs here)."""
 
 from __future__ import annotations
 
+import json
 import math
+import re
 from dataclasses import astuple, replace
 
 import pytest
@@ -15,7 +18,10 @@ pytestmark = pytest.mark.unit
 
 @pytest.fixture
 def compiled(monkeypatch):
+    """The compiled launches of the H200's table, the rules these tests state, whatever
+    card's table this process took."""
     monkeypatch.setattr(tuning._env, "INTERPRET", False)
+    monkeypatch.setattr(tuning, "ACTIVE", tuning.H200.rules)
 
 
 @pytest.fixture
@@ -289,7 +295,7 @@ def test_launch_choices_are_cached_for_the_table_in_force(compiled, monkeypatch)
     monkeypatch.setattr(tuning, "ACTIVE", other)
     assert tuning.launch(*big) == tuning.Rule(tuning._ANY, 256, 1024, 8).launch(8192, 16, 256, 4)
     assert tuning.launch(*big) != table_big
-    monkeypatch.setattr(tuning, "ACTIVE", tuning.TABLE)
+    monkeypatch.setattr(tuning, "ACTIVE", tuning.H200.rules)
     assert tuning.launch(*big) == table_big
     monkeypatch.setitem(tuning.OVERRIDES, "combine", tuning.Launch(2, 64, 2))
     assert tuning.launch(*args) == tuning.Launch(2, 64, 2)
@@ -334,3 +340,278 @@ def test_head_major_candidate_differs_only_in_the_grids_order(compiled, monkeypa
     assert replace(cand, head_major=False) == table and not table.head_major
     assert cand.head_major == (b * h > 1024 and b <= 65535)
     assert cand.grid(b, h) == (table.grid(b, h)[::-1] if cand.head_major else table.grid(b, h))
+
+
+# --------------------------------------------------------------------------- the tables' files
+_CATCH_ALL = {"max_rows": "any", "block_d_cap": 1024, "lanes": 4096, "num_warps": 8}
+
+
+def _table(card=None, **rules):
+    """A table file's JSON: ``rules`` by kind (every kind a catch-all rule where not given)."""
+    kinds = {k: rules.get(k, [dict(_CATCH_ALL)]) for k in tuning.KINDS}
+    return {"format": 1, "card": card, "rules": kinds}
+
+
+def _write(path, doc):
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def test_every_shipped_table_reads_and_each_card_has_its_file():
+    """Every file in launch_tables/ passes the checks, names its card (the default excepted)
+    and is the file a device of that name looks up; the H200's table is the one in the code's
+    history (its pack rules end in the row kernel's catch-all)."""
+    tables = tuning.shipped_tables()
+    assert tuning.DEFAULT_TABLE in tables and "NVIDIA_H200.json" in tables
+    for name, table in tables.items():
+        assert set(table.rules) == set(tuning.KINDS)
+        for kind, rules in table.rules.items():
+            assert rules and tuning._takes_every_problem(rules[-1]), (name, kind)
+        if table.card is not None:
+            found, why = tuning.table_for_card(table.card["name"],
+                                               tuple(table.card["capability"]),
+                                               table.card["sms"])
+            assert found is table and "the device's name" in why
+    assert tables["NVIDIA_H200.json"].rules == tuning.H200.rules
+
+
+def test_rules_read_back_as_written():
+    """rule_to_json and rule_from_json are inverses over every rule of every table and bench
+    candidate (what a sweep writes is what a process then reads)."""
+    rules = {(kind, r) for t in tuning.CANDIDATES.values() for kind, rs in t.items() for r in rs
+             if kind != "scale"}
+    for kind, rule in rules:
+        assert tuning.rule_from_json(json.loads(json.dumps(tuning.rule_to_json(rule))),
+                                     kind) == rule
+
+
+@pytest.mark.parametrize("kind, rule, says", [
+    ("pack", {"max_rows": 64, "block_d_cap": 1024, "lanes": 1, "num_warps": 4, "warps": 2},
+     "unknown field"),
+    ("pack", {"max_rows": 64, "block_d_cap": 1024, "lanes": 1, "num_warps": 3},
+     "num_warps is one of"),
+    ("pack", {"max_rows": 64, "block_d_cap": 1000, "lanes": 1, "num_warps": 4},
+     "block_d_cap is a power of two"),
+    ("pack", {"max_rows": -1, "block_d_cap": 1024, "lanes": 1, "num_warps": 4}, "max_rows"),
+    ("pack", {"block_d_cap": 1024, "lanes": 1, "num_warps": 4}, "missing max_rows"),
+    ("pack", {"max_rows": 64, "block_d_cap": 1024, "lanes": 1, "num_warps": 4,
+              "lane_loads": 1}, "lane_loads is true or false"),
+    ("pack", {"max_rows": 64, "block_d_cap": 1024, "lanes": 1, "num_warps": 4,
+              "min_head_lanes": 64, "max_head_lanes": 32}, "no problem fits"),
+    ("pack", {"max_rows": 64, "block_d_cap": 1024, "lanes": 1, "num_warps": 4,
+              "min_rows": 64}, "min_rows"),
+    ("combine", {"max_rows": 64, "block_d_cap": 512, "lanes": 1, "num_warps": 4,
+                 "slab": True, "slab_warps": [[0, 0, 2]]}, "the pack kernel(s) only"),
+    ("pack", {"max_rows": 64, "block_d_cap": 1024, "lanes": 1, "num_warps": 4,
+              "split_d": 2}, "the combine kernel(s) only"),
+    ("scale", {"max_rows": 64, "block_d_cap": 512, "lanes": 1, "num_warps": 4,
+               "head_major": True}, "not of the scale kernel"),
+    ("pack", {"max_rows": 64, "block_d_cap": 1024, "lanes": 1, "num_warps": 4, "slab": True,
+              "slab_warps": [[1024, 0, 4]]}, "must end in [0, 0, warps]"),
+    ("pack", {"max_rows": 64, "block_d_cap": 1024, "lanes": 1, "num_warps": 4, "slab": True},
+     "needs slab_warps"),
+])
+def test_a_bad_rule_is_named_with_its_file(tmp_path, kind, rule, says):
+    """A rule the launchers could not use (an unknown field, warps a GPU does not take, an
+    option of another kernel, a slab rule that gives no warps) is refused when the table is
+    read: TableError naming the file, the kind, the rule's index and the rule."""
+    doc = _table(**{kind: [rule, dict(_CATCH_ALL)]})
+    path = _write(tmp_path / "NVIDIA_X.json", doc)
+    with pytest.raises(tuning.TableError) as e:
+        tuning.read_table(path)
+    msg = str(e.value)
+    assert str(path) in msg and f"{kind} rule 0" in msg and says in msg, msg
+
+
+@pytest.mark.parametrize("edit, says", [
+    (lambda d: d["rules"]["combine"].pop(), "is the last and must take every problem"),
+    (lambda d: d["rules"]["pack"].__setitem__(0, {**_CATCH_ALL, "max_ranks": 4}),
+     "must take every problem"),
+    (lambda d: d["rules"].pop("scale"), "no rules for scale"),
+    (lambda d: d.__setitem__("format", 2), "format 2"),
+    (lambda d: d.__setitem__("extra", 1), "unknown key(s) extra"),
+    (lambda d: d.__setitem__("card", {"name": "X"}), "card is null or"),
+    (lambda d: d["rules"].__setitem__("gather", [dict(_CATCH_ALL)]), "rules is an object"),
+])
+def test_a_bad_table_is_named(tmp_path, edit, says):
+    """A table that could leave a problem without a launch (a kind whose last rule has bounds,
+    a kind missing) or that this code cannot read is refused with its file named."""
+    doc = _table(combine=[{**_CATCH_ALL, "max_rows": 64}, dict(_CATCH_ALL)])
+    edit(doc)
+    path = _write(tmp_path / "t.json", doc)
+    with pytest.raises(tuning.TableError, match=re.escape(says)) as e:
+        tuning.read_table(path)
+    assert str(path) in str(e.value)
+
+
+def test_a_table_file_that_is_not_json_or_missing_is_named(tmp_path):
+    (tmp_path / "t.json").write_text('{"format": 1,')
+    with pytest.raises(tuning.TableError, match="t.json: not JSON"):
+        tuning.read_table(tmp_path / "t.json")
+    with pytest.raises(tuning.TableError, match="cannot be read.*NVIDIA_H200.json"):
+        tuning.read_table("NO_SUCH_CARD.json")
+
+
+def test_a_base_gives_the_kinds_a_table_does_not_list(tmp_path):
+    """``base``: the kinds a table leaves out come from that table (the default is the H200's
+    this way); a chain of bases that comes back to a table is refused."""
+    own = [{**_CATCH_ALL, "num_warps": 2}]
+    _write(tmp_path / "base.json", _table(combine=[{**_CATCH_ALL, "num_warps": 4}]))
+    top = _write(tmp_path / "top.json",
+                 {"format": 1, "card": None, "base": "base.json", "rules": {"pack": own}})
+    t = tuning.read_table(top)
+    assert t.rules["pack"][0].num_warps == 2 and t.rules["combine"][0].num_warps == 4
+    assert tuning.read_table(tuning.DEFAULT_TABLE).rules == tuning.H200.rules
+    _write(tmp_path / "base.json", {"format": 1, "card": None, "base": "top.json"})
+    with pytest.raises(tuning.TableError, match="comes back to it"):
+        tuning.read_table(top)
+
+
+@pytest.fixture
+def tables_dir(tmp_path, monkeypatch):
+    """launch_tables/ in ``tmp_path`` (the shipped tables forgotten meanwhile)."""
+    monkeypatch.setattr(tuning, "TABLES_DIR", tmp_path)
+    monkeypatch.setattr(tuning, "_SHIPPED", {})
+    _write(tmp_path / "default.json", _table())
+    return tmp_path
+
+
+def _card(name, sms=132, cap=(9, 0)):
+    return {"name": name, "capability": list(cap), "sms": sms}
+
+
+def test_a_card_takes_its_file_else_one_of_its_kind_else_the_default(tables_dir):
+    """By the device's name first; else the one table whose card has the device's compute
+    capability and SM count; several (an H100 and an H200 are both 9.0 with 132 SMs) or none:
+    the default, saying why."""
+    _write(tables_dir / "NVIDIA_H200.json", _table(_card("NVIDIA H200")))
+    _write(tables_dir / "NVIDIA_L40S.json", _table(_card("NVIDIA L40S", 142, (8, 9))))
+    shipped = tuning.shipped_tables()
+    assert set(shipped) == {"default.json", "NVIDIA_H200.json", "NVIDIA_L40S.json"}
+    t, why = tuning.table_for_card("NVIDIA H200", (9, 0), 132)
+    assert t.name == "NVIDIA_H200.json" and "name" in why
+    t, why = tuning.table_for_card("NVIDIA H100 80GB HBM3", (9, 0), 132)
+    assert t.name == "NVIDIA_H200.json" and "compute capability 9.0 and 132 SMs" in why
+    t, why = tuning.table_for_card("NVIDIA L40", (8, 9), 142)
+    assert t.name == "NVIDIA_L40S.json"
+    _write(tables_dir / "NVIDIA_H100_80GB_HBM3.json", _table(_card("NVIDIA H100 80GB HBM3")))
+    tuning._SHIPPED.clear()
+    t, why = tuning.table_for_card("NVIDIA H800", (9, 0), 132)
+    assert t.name == "default.json" and "as 2 tables' cards" in why
+    t, why = tuning.table_for_card("NVIDIA A100-SXM4-80GB", (8, 0), 108)
+    assert t.name == "default.json" and "no table for it" in why
+    assert tuning.card_file_name("NVIDIA H100 80GB HBM3") == "NVIDIA_H100_80GB_HBM3.json"
+    assert tuning.card_file_name("NVIDIA A100-SXM4-80GB") == "NVIDIA_A100_SXM4_80GB.json"
+
+
+def test_a_shipped_table_is_named_after_its_card(tables_dir):
+    _write(tables_dir / "NVIDIA_H100.json", _table(_card("NVIDIA H200")))
+    with pytest.raises(tuning.TableError, match="NVIDIA_H100.json: the file of card "
+                                                "'NVIDIA H200' is NVIDIA_H200.json"):
+        tuning.shipped_tables()
+
+
+@pytest.fixture
+def untaken(monkeypatch):
+    """This process as before its first compiled launch: no table taken, TABLE the default's
+    (a dict of its own), ACTIVE = TABLE, the launch cache empty."""
+    table = dict(tuning.read_table(tuning.DEFAULT_TABLE).rules)
+    monkeypatch.setattr(tuning, "_IN_FORCE", [])
+    monkeypatch.setattr(tuning, "TABLE", table)
+    monkeypatch.setattr(tuning, "ACTIVE", table)
+    monkeypatch.setattr(tuning, "_CHOSEN", {})
+    monkeypatch.setattr(tuning._env, "INTERPRET", False)
+    return table
+
+
+def test_the_first_compiled_launch_takes_the_devices_table_once(untaken, tables_dir,
+                                                                monkeypatch):
+    """The device's table is taken at the first compiled launch (TABLE updated in place, so
+    ACTIVE and the bench's "table" see it) and never again: a later change of device or of
+    DCP_A2A_LAUNCH_TABLE changes nothing in this process (a captured CUDA graph replays the
+    launch it captured)."""
+    one_warp = [{**_CATCH_ALL, "num_warps": 1}]
+    _write(tables_dir / "NVIDIA_H200.json", _table(_card("NVIDIA H200"), combine=one_warp))
+    device = ["NVIDIA H200"]
+    monkeypatch.setattr(tuning, "_device_table",
+                        lambda: tuning.table_for_card(device[0], (9, 0), 132))
+    cfg = tuning.launch("combine", 64, 16, 256, 8)
+    assert cfg.num_warps == 1 and untaken["combine"][0].num_warps == 1
+    table, why = tuning.table_in_force()
+    assert table.name == "NVIDIA_H200.json" and tuning.ACTIVE is untaken
+    device[0] = "NVIDIA B200"
+    monkeypatch.setenv(tuning.TABLE_ENV, "default.json")
+    assert tuning.table_in_force()[0] is table
+    assert tuning.launch("combine", 128, 16, 256, 8).num_warps == 1
+
+
+def test_the_environment_chooses_a_table(untaken, tables_dir, monkeypatch):
+    """DCP_A2A_LAUNCH_TABLE: a shipped file's name or a path, read and checked like any."""
+    path = _write(tables_dir.parent / "mine.json", _table(scale=[{**_CATCH_ALL,
+                                                                   "num_warps": 2}]))
+    monkeypatch.setenv(tuning.TABLE_ENV, str(path))
+    table, why = tuning.table_in_force()
+    assert table.path == path.resolve() and tuning.TABLE_ENV in why
+    assert tuning.launch("scale", 4, 8, 64).num_warps == 2
+
+
+def test_a_bad_table_in_the_environment_stops_the_first_launch(untaken, monkeypatch):
+    monkeypatch.setenv(tuning.TABLE_ENV, "NO_SUCH.json")
+    with pytest.raises(tuning.TableError, match="NO_SUCH.json: cannot be read"):
+        tuning.launch("combine", 64, 16, 256, 8)
+
+
+def test_every_launch_covers_every_shipped_table(tables_dir, monkeypatch):
+    """A launch only one card's table gives is among every_launch's (so the bit-for-bit tests
+    run it whatever card runs them)."""
+    monkeypatch.setattr(tuning._env, "INTERPRET", False)
+    want = tuning.Launch(16, 64, 16)  # 16 heads of a 64-lane tile, 16 warps: no other rule's
+    assert want not in tuning.every_launch("combine", 1024, 16, 256, 8)
+    odd = {**_CATCH_ALL, "lanes": 2048, "num_warps": 16, "block_d_cap": 64}
+    _write(tables_dir / "NVIDIA_H200.json", _table(_card("NVIDIA H200"), combine=[odd]))
+    tuning._SHIPPED.clear()
+    assert want in tuning.every_launch("combine", 1024, 16, 256, 8)
+
+
+_LAUNCHES = [  # (kind, launch as an override asks for it, B, heads, lanes, N, slab fits)
+    ("combine", tuning.Launch(1, 1 << 30, 4), 64, 16, 256, 8, False),
+    ("combine", tuning.Launch(2, 1 << 30, 2), 128, 8, 64, 4, False),
+    ("combine", tuning.Launch(1, 1 << 30, 2, head_major=True), 256, 8, 64, 4, False),
+    ("combine", tuning.Launch(1, 0, 2, split_d=2), 64, 16, 256, 8, False),
+    ("combine", tuning.Launch(1, 0, 1, split_d=4), 1, 16, 256, 8, False),
+    ("pack", tuning.Launch(4, 1 << 30, 4, lane_loads=True), 1, 128, 256, 8, True),
+    ("pack", tuning.Launch(1, 1 << 30, 8), 16, 128, 256, 8, True),
+    ("pack", tuning.Launch(2, 1 << 30, 1, head_major=True), 64, 32, 128, 4, False),
+    ("pack", tuning.Launch(16, 1 << 30, 16, slab=True), 8192, 64, 256, 4, True),
+    ("pack", tuning.Launch(8, 1 << 30, 4, slab=True), 256, 32, 64, 4, True),
+    ("scale", tuning.Launch(4, 1 << 30, 4), 64, 32, 128, 1, False),
+]
+
+
+@pytest.mark.parametrize("kind, want, b, h, lanes, n, slab_ok", _LAUNCHES)
+def test_an_exact_rule_gives_its_launch_at_its_problem_only(monkeypatch, kind, want, b, h,
+                                                            lanes, n, slab_ok):
+    """exact_rule (what a sweep writes for a problem it timed): the launch the override gave
+    there, as a table reads it back, and nothing at one row, one lane or one rank more (the
+    table's other rules decide those)."""
+    monkeypatch.setattr(tuning._env, "INTERPRET", False)
+    monkeypatch.setitem(tuning.OVERRIDES, kind, want)
+    cfg = tuning.launch(kind, b, h, lanes, n, slab_ok)
+    monkeypatch.delitem(tuning.OVERRIDES, kind)
+    rule = tuning.exact_rule(kind, cfg, b, h, lanes, n, slab_ok)
+    read = tuning.rule_from_json(json.loads(json.dumps(tuning.rule_to_json(rule))), kind)
+    table = {**tuning.H200.rules, kind: (read,) + tuning.H200.rules[kind]}
+    monkeypatch.setattr(tuning, "ACTIVE", table)
+    assert tuning.launch(kind, b, h, lanes, n, slab_ok) == cfg
+    for other in ((b + 1, h, lanes, n), (b - 1, h, lanes, n), (b, h, lanes + 1, n),
+                  (b, h, lanes, n + 1)):
+        assert read.launch(*other, slab_ok) is None or other[0] * other[1] > read.max_rows
+    if cfg.split_d > 1:
+        assert read.split_d > 1 and cfg.block_d * cfg.split_d >= lanes
+
+
+def test_an_exact_rule_refuses_a_launch_no_rule_gives():
+    """A launch a rule cannot produce (a tile wider than the head's power of two) is refused,
+    not written as a rule that would give something else."""
+    with pytest.raises(ValueError, match="no rule gives the combine launch"):
+        tuning.exact_rule("combine", tuning.Launch(1, 512, 4), 64, 16, 256, 8)

@@ -1,6 +1,9 @@
-"""Real process groups for the conformance tier: one gloo group of 3 ranks runs every
-multi-rank scenario of ``SCENARIOS`` through the implementation's ``lse_reduce`` and saves each
-rank's results; the tests compare them with the oracle. The ranks compute on the GPUs where
+"""Real process groups for the conformance tier: one gloo world of 4 ranks runs every
+multi-rank scenario of ``SCENARIOS`` (groups of 2 and 3 ranks, some of them not starting at
+global rank 0) through the implementation's ``lse_reduce`` and saves each rank's results; the
+tests compare them with the oracle. Each scenario runs inside the implementation's envelope
+(:func:`fitted`): a head dim it refuses is raised to the next it takes, a base or group size it
+refuses leaves the scenario out, and the test says so. The ranks compute on the GPUs where
 there are any (sharing them), else on the CPU.
 
 The group is spawned once per test session (the first xdist worker to need it runs it under a
@@ -22,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-WORLD = 3
+WORLD = 4
 PG_TIMEOUT_S = 30
 DEADLINE_S = 150
 
@@ -41,6 +44,8 @@ class Scenario:
     seed: int = 0
     ranks: tuple = ()  # the group's global ranks (sorted); () is ranks 0..n-1
     backend: str | None = None  # dcp_a2a's own backend= (run for the project's code only)
+    lse_layout: str = "contiguous"  # "transposed": an [H, B] tensor's view; "broadcast": one
+    # LSE per row expanded over the heads (stride 0), as an engine passes a shared value
 
     @property
     def members(self) -> tuple:
@@ -60,9 +65,18 @@ SCENARIOS = [
     # dcp_a2a's other exchanges on that group: ag_rs weights the local output by the group rank
     *(Scenario(f"n2_of_ranks_1_2_bfloat16_{b}", 2, torch.bfloat16, h=4, d=24, seed=9,
                ranks=(1, 2), backend=b) for b in ("two_collective", "ag_rs")),
+    # a second group whose ranks are not the global ones, of another size and a 4-rank world:
+    # group rank r is global rank r + 1, and the group's last rank is the world's last
+    Scenario("n3_of_ranks_1_2_3_bfloat16_masked", 3, torch.bfloat16, b=5, masked=True,
+             seed=10, ranks=(1, 2, 3)),
     Scenario("n3_empty_shards_and_padding", 3, torch.float16, b=5, masked=True, seed=5),
     Scenario("n3_batch_of_zero", 3, torch.float16, b=0, seed=6),
     Scenario("n3_heads_not_divisible", 3, torch.float16, h=4, seed=7),
+    # LSEs in other layouts than a contiguous [B, H]: read through their strides
+    Scenario("n2_lse_transposed_view", 2, torch.float16, b=4, h=4, seed=11,
+             lse_layout="transposed"),
+    Scenario("n3_lse_broadcast_over_heads", 3, torch.float32, b=2, seed=12,
+             lse_layout="broadcast"),
 ]
 BY_NAME = {s.name: s for s in SCENARIOS}
 
@@ -76,12 +90,37 @@ class DcpGroup:
     device_group: object
 
 
+def fitted(sc: Scenario, envelope) -> Scenario | None:
+    """``sc`` inside ``envelope`` (:class:`~dcp_a2a.testing.surfaces.Envelope`): its head dim
+    raised to the next one the implementation takes; None when its base or group size is one
+    the implementation refuses (the scenario does not run). Ranks and tests agree on it."""
+    from dataclasses import replace
+
+    if envelope.outside(base_e=sc.base_e, world_size=sc.n):
+        return None
+    return replace(sc, d=envelope.fit_head_dim(sc.d))
+
+
+def lse_as_passed(lse: torch.Tensor, layout: str) -> torch.Tensor:
+    """A rank's ``lse[B, H]`` in the scenario's layout (same values)."""
+    if layout == "transposed":
+        return lse.t().contiguous().t()
+    if layout == "broadcast":  # the row's value at stride 0, garbage where rows would follow
+        b, h = lse.shape
+        store = torch.full((b * h + 1,), 1e4, dtype=lse.dtype, device=lse.device)
+        store[:b] = lse[:, 0]
+        return store[:b].view(b, 1).expand(b, h)
+    return lse
+
+
 def scenario_inputs(sc: Scenario):
     """(outs[N, B, H, D], lses[N, B, H] float32, seq_lens per rank or None, query_start_loc or
     None, lses as the oracle must see them). Same on every rank and in the test process."""
     from dcp_a2a.testing.data import partials
 
     outs, lses = partials(sc.n, sc.b, sc.h, sc.d, sc.dtype, seed=sc.seed)
+    if sc.lse_layout == "broadcast":  # one value a row, shared by the heads
+        lses = lses[:, :, :1].expand(lses.shape).contiguous()
     if not sc.masked:
         return outs, lses, None, None, lses
     outs, lses = outs.clone(), lses.clone()
@@ -189,9 +228,13 @@ def _rank_main(rank: int, init_file: str, out_dir: str, spec: str, device_type: 
         for sc in SCENARIOS:
             if rank not in sc.members or (sc.backend and not impl.is_project):
                 continue
+            sc = fitted(sc, impl.envelope)
+            if sc is None or (sc.masked and not impl.exposes("masking")):
+                continue
             me = sc.members.index(rank)  # this process's rank in the DCP group
             outs, lses, seq_lens, qsl, _ = scenario_inputs(sc)
-            out, lse = outs[me].to(device), lses[me].to(device)
+            out = outs[me].to(device)
+            lse = lse_as_passed(lses[me].to(device), sc.lse_layout)
             mask = {} if seq_lens is None else dict(seq_lens=seq_lens[me].to(device),
                                                     query_start_loc=qsl.to(device))
             before = snapshot(out=out, lse=lse, **mask)
@@ -206,7 +249,8 @@ def _rank_main(rank: int, init_file: str, out_dir: str, spec: str, device_type: 
                 rec = {"ok": True, "result": _to_cpu(res)}
             except Exception as e:  # recorded per scenario; the test decides what it means
                 rec = {"ok": False, "error": type(e).__name__, "message": str(e),
-                       "traceback": traceback.format_exc()}
+                       "traceback": traceback.format_exc(),
+                       "unsupported": type(e).__name__ == "Unsupported"}
             rec["seconds"] = time.time() - t0
             rec["inputs_modified"] = modified(before)  # the engine still owns every one
             rec["collective_overlaps"] = sorted(set(overlaps))

@@ -23,11 +23,18 @@ REJECTED = FLOAT8 + [torch.float64, torch.int8, torch.int16, torch.int32, torch.
                      torch.uint8, torch.bool, torch.complex64]
 
 
+WIRE = pytest.mark.surface("wire")
+MASKED_WIRE = pytest.mark.surface("wire", "masking")
+EXCHANGE = pytest.mark.surface("exchange")
+
+
+@WIRE
 @pytest.mark.parametrize("dtype,p", [(torch.float16, 2), (torch.bfloat16, 2), (torch.float32, 1)])
 def test_lse_pack_dim(impl, dtype, p):
     assert impl.lse_pack_dim(dtype) == p
 
 
+@WIRE
 @pytest.mark.parametrize("dtype", REJECTED, ids=str)
 def test_lse_pack_dim_rejects(impl, dtype):
     with refused(dtype_words(dtype), dtype_problem=True):
@@ -42,6 +49,7 @@ def _pack_args(n=2, b=2, h=4, d=8, dtype=torch.float16):
                 head_dim=d, lse_pack_dim=p)
 
 
+@WIRE
 @pytest.mark.parametrize("dtype", FLOAT8 + [torch.float64], ids=str)
 def test_pack_rejects_output_dtype(impl, dtype):
     a = _pack_args()
@@ -50,6 +58,7 @@ def test_pack_rejects_output_dtype(impl, dtype):
         impl.pack_send(**a)
 
 
+@WIRE
 def test_pack_rejects_heads_not_divisible(impl):
     a = _pack_args()
     outs, lses = partials(1, 2, 6, 8, torch.float16)
@@ -59,10 +68,14 @@ def test_pack_rejects_heads_not_divisible(impl):
         impl.pack_send(**a)
 
 
-@pytest.mark.parametrize("case", ["lse_shape", "out_4d", "send_shape", "send_rows",
-                                  "send_peers", "h_per_rank", "send_dtype", "head_dim",
-                                  "pack_dim", "send_device", "seq_lens_device",
-                                  "seq_lens_alone", "qsl_alone", "qsl_length"])
+_MASK_CASES = ("seq_lens_device", "seq_lens_alone", "qsl_alone", "qsl_length")
+
+
+@pytest.mark.parametrize("case", [
+    *(pytest.param(c, marks=WIRE) for c in ("lse_shape", "out_4d", "send_shape", "send_rows",
+                                            "send_peers", "h_per_rank", "send_dtype",
+                                            "head_dim", "pack_dim", "send_device")),
+    *(pytest.param(c, marks=MASKED_WIRE) for c in _MASK_CASES)])
 def test_pack_rejects_inconsistent(impl, case):
     """Arguments that contradict each other are refused, never resolved by trusting one of them:
     a kernel sized by one and indexing by another truncates, overruns or sends rows it never
@@ -116,6 +129,7 @@ def test_pack_rejects_inconsistent(impl, case):
         impl.pack_send(**a)
 
 
+@WIRE
 def test_pack_refuses_or_fills_a_strided_send_buffer(impl):
     """The send buffer is the wire buffer of a collective, which sends its memory in order: a
     strided one is refused (an error naming it) or filled through its strides, never written as
@@ -130,12 +144,13 @@ def test_pack_refuses_or_fills_a_strided_send_buffer(impl):
     assert np.array_equal(raw_bits(a["send"]), want), "a strided send buffer was misfilled"
 
 
+@WIRE
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
 def test_unpack_refuses_or_reads_a_strided_recv(impl, device, merge_check, dtype):
     """recv as rows [0, B) of a larger buffer (not contiguous; the rows after hold NaN): refused
     (an error naming recv, contiguity or strides) or read through its strides, never read as
     if its rows were packed from its data pointer."""
-    n, b, h, d = 2, 3, 4, 12
+    n, b, h, d = 2, 3, 4, impl.envelope.fit_head_dim(12)
     outs, lses = partials(n, b, h, d, dtype, seed=5, device=device)
     recv = build_recv(outs, lses, 0)
     bigger = torch.full((n, b + 2, h // n, recv.shape[-1]), float("nan"), dtype=dtype,
@@ -149,6 +164,7 @@ def test_unpack_refuses_or_reads_a_strided_recv(impl, device, merge_check, dtype
     merge_check(got[0].cpu(), None, outs.cpu(), lses.cpu(), heads=heads_of(0, n, h))
 
 
+@MASKED_WIRE
 @pytest.mark.parametrize("case", ["float32", "int16", "2d"])
 def test_pack_refuses_or_reads_seq_lens_of_another_form(impl, case):
     """seq_lens as float32 or int16 values, or shaped [R, 1]: refused naming seq_lens or its
@@ -169,6 +185,7 @@ def test_pack_refuses_or_reads_seq_lens_of_another_form(impl, case):
         f"seq_lens as {case} accepted but the wrong rows masked"
 
 
+@WIRE
 @pytest.mark.parametrize("lse_dtype", [torch.float64, torch.int32], ids=str)
 def test_pack_refuses_or_converts_an_lse_of_another_dtype(impl, lse_dtype):
     """An LSE in a dtype the contract does not list is refused (a ValueError/TypeError naming
@@ -184,6 +201,7 @@ def test_pack_refuses_or_converts_an_lse_of_another_dtype(impl, lse_dtype):
         f"an LSE in {lse_dtype} was accepted but not converted by value"
 
 
+@WIRE
 @pytest.mark.parametrize("case", ["last_dim", "dtype", "pack_dim", "rank"])
 def test_unpack_rejects_bad_recv(impl, case):
     recv = torch.zeros((2, 2, 2, 10), dtype=torch.float16)
@@ -196,10 +214,11 @@ def test_unpack_rejects_bad_recv(impl, case):
         p = 1
     else:
         recv = recv[0]
-    with pytest.raises((ValueError, TypeError) if case == "dtype" else ValueError):
+    with refused(dtype_problem=case == "dtype"):
         impl.unpack_combine(recv, head_dim, p, False, True)
 
 
+@EXCHANGE
 def test_lse_reduce_rejects_heads_not_divisible(impl):
     outs, lses = partials(1, 2, 6, 8, torch.float16)
     # the check must come before any collective: a process group that fails the test if used
@@ -207,6 +226,7 @@ def test_lse_reduce_rejects_heads_not_divisible(impl):
         impl.lse_reduce(outs[0], lses[0], Group(4, 0, TripwireGroup(4)))
 
 
+@EXCHANGE
 def test_lse_reduce_rejects_fp8(impl):
     if not FLOAT8:
         pytest.skip("this torch has no float8 dtypes")
@@ -215,8 +235,9 @@ def test_lse_reduce_rejects_fp8(impl):
         impl.lse_reduce(outs[0].to(FLOAT8[0]), lses[0], Group(2, 0, TripwireGroup(2)))
 
 
+@pytest.mark.surface("exchange", "masking")
 def test_lse_reduce_rejects_mask_half_given(impl):
     outs, lses = partials(1, 2, 4, 8, torch.float16)
-    with pytest.raises(ValueError, match="query_start_loc"):
-        impl.lse_reduce(outs[0], lses[0], Group(1, 0, None),
+    with refused("query_start_loc"):  # before any collective: a group that fails if used
+        impl.lse_reduce(outs[0], lses[0], Group(2, 0, TripwireGroup(2)),
                         seq_lens=torch.ones(2, dtype=torch.int32))

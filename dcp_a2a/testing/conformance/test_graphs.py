@@ -26,6 +26,7 @@ def _report(failures):
 
 
 def _run(scenario, impl, n, device):
+    impl.envelope.require(world_size=n)
     group, rank = graphs.mirror_group(n)
     try:
         return graphs.run(scenario, impl, group, rank, n, device, mirror=n > 1)

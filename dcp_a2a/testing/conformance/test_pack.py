@@ -28,6 +28,7 @@ def _ref_send(outs_r, lse_r, n, **mask):
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 8])
 @pytest.mark.parametrize("d", [1, 7, 80, 96])
 def test_send_buffer_bitwise(impl, device, dtype, n, d):
+    d = impl.envelope.fit_head_dim(d)
     outs, lses = partials(n, 3, 2 * n, d, dtype, seed=n * 100 + d, device=device)
     sends = pack_all(impl, outs, lses)
     for r in (0, n - 1):
@@ -39,7 +40,8 @@ def test_send_buffer_bitwise(impl, device, dtype, n, d):
 def test_lse_input_dtypes_are_widened_exactly(impl, device, dtype, lse_dtype):
     """A bf16/fp16 LSE is converted to fp32 before packing, never rounded to the output dtype
     and never reinterpreted as fp32 bits."""
-    n, b, h, d = 2, 3, 4, 5
+    impl.envelope.require(lse_dtype=lse_dtype)
+    n, b, h, d = 2, 3, 4, impl.envelope.fit_head_dim(5)
     outs, lses = partials(n, b, h, d, dtype, device=device)
     lse = (lses[0] * 7.3).to(lse_dtype)
     p = impl.lse_pack_dim(dtype)
@@ -61,7 +63,7 @@ def test_lse_bits_round_trip(impl, device, dtype):
                             dtype=torch.int32)
     n, b = 2, 3
     h = 8
-    d = 3
+    d = impl.envelope.fit_head_dim(3)
     lse_bits = specials.repeat(b * h // specials.numel() + 1)[: b * h].view(b, h)
     lse = lse_bits.view(torch.float32).to(device)
     outs, _ = partials(n, b, h, d, dtype, device=device)
@@ -76,7 +78,7 @@ def test_lse_bits_round_trip(impl, device, dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_non_contiguous_inputs(impl, device, dtype):
-    n, b, h, d = 2, 3, 4, 6
+    n, b, h, d = 2, 3, 4, impl.envelope.fit_head_dim(6)
     base_out = torch.randn(d, h, b * 2).to(dtype).to(device)
     out = base_out.permute(2, 1, 0)[::2]          # [b, h, d], no unit stride anywhere
     lse = (torch.randn(h, b * 3) * 4).to(device).t()[::3]  # [b, h], strided
@@ -104,7 +106,7 @@ def _mask_case(device):
 def test_empty_shard_and_padding_rows_masked(impl, device, dtype, index_dtype):
     seq_lens, qsl, empty_rows = _mask_case(device)
     seq_lens, qsl = seq_lens.to(index_dtype), qsl.to(index_dtype)
-    n, b, h, d = 2, 7, 4, 5
+    n, b, h, d = 2, 7, 4, impl.envelope.fit_head_dim(5)
     outs, lses = partials(n, b, h, d, dtype, device=device)
     p = impl.lse_pack_dim(dtype)
     send = poison_like(torch.empty((n, b, h // n, d + p), dtype=dtype, device=device))

@@ -59,6 +59,7 @@ def _assert_wire_equal(send, expected, masked_rows=None):
 def test_send_buffer_matches_spec(impl, device, dtype, n, d):
     """Peer-major slices of contiguous head blocks, the output bit for bit, the float32 LSE in
     the trailing lanes (low half first) — and the inputs left untouched."""
+    d = impl.envelope.fit_head_dim(d)
     outs, lses = partials(1, 3, 2 * n, d, dtype, seed=31 * n + d, device=device)
     send = _pack(impl, outs[0], lses[0], n)  # which also checks the inputs' bits
     _assert_wire_equal(send, expected_send(outs[0], lses[0], n))
@@ -77,7 +78,8 @@ def test_send_buffer_of_a_large_batch_matches_spec(impl, device):
 def test_16bit_lse_is_widened_not_reinterpreted(impl, device, dtype, lse_dtype):
     """An LSE handed over in bf16/fp16 is converted to float32 by value (exact), never by
     reinterpreting its 16 bits as part of a float32."""
-    n, b, h, d = 2, 3, 4, 12
+    impl.envelope.require(lse_dtype=lse_dtype)
+    n, b, h, d = 2, 3, 4, impl.envelope.fit_head_dim(12)
     outs, lses = partials(1, b, h, d, dtype, seed=5, device=device)
     lse = lses[0].to(lse_dtype)
     send = _pack(impl, outs[0], lse, n)
@@ -103,7 +105,7 @@ def test_masked_rows_go_out_as_minus_inf(impl, device, dtype):
     """seq_lens/query_start_loc: rows of requests with no local KV, and padding rows at or
     beyond query_start_loc[-1], carry LSE -inf (their output lanes are not specified); every
     lane of the other rows is unchanged."""
-    n, b, h, d = 2, 7, 4, 10
+    n, b, h, d = 2, 7, 4, impl.envelope.fit_head_dim(10)
     outs, lses = partials(1, b, h, d, dtype, seed=9, device=device)
     qsl = torch.tensor([0, 2, 3, 5], dtype=torch.int32, device=device)  # rows 5, 6: padding
     seq_lens = torch.tensor([7, 0, 3], dtype=torch.int32, device=device)  # request 1: row 2
@@ -148,7 +150,7 @@ def test_masking_follows_every_row_to_its_request(impl, device, dtype, batch):
     mask of seq_len <= 1, or a batch of one treated as padding all mark the wrong rows)."""
     query_lens, lens, padding = BATCHES[batch]
     qsl, masked = _rows_by_request(query_lens, lens, padding)
-    n, h, d = 2, 2, 3
+    n, h, d = 2, 2, impl.envelope.fit_head_dim(3)
     outs, lses = partials(1, len(masked), h, d, dtype, seed=len(masked), device=device)
     mask = dict(seq_lens=torch.tensor(lens, dtype=torch.int32, device=device),
                 query_start_loc=torch.tensor(qsl, dtype=torch.int32, device=device))
@@ -167,7 +169,7 @@ def test_strided_index_tensors(impl, device, batch):
     evaluation shipped with that, sharding every position of a prompt)."""
     query_lens, lens, padding = BATCHES[batch]
     qsl, masked = _rows_by_request(query_lens, lens, padding)
-    n, h, d = 2, 2, 3
+    n, h, d = 2, 2, impl.envelope.fit_head_dim(3)
     outs, lses = partials(1, len(masked), h, d, torch.bfloat16, seed=len(masked) + 1,
                           device=device)
     table = torch.tensor([[7, s, 0] for s in lens], dtype=torch.int32, device=device)
@@ -199,6 +201,27 @@ def test_non_contiguous_inputs(impl, device, dtype):
     _assert_wire_equal(sent[0], expected_send(out, lse, n))
 
 
+@pytest.mark.surface("wire", "masking")
+@pytest.mark.parametrize("layout", ["transposed", "broadcast"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_lse_layouts_on_the_wire(impl, device, dtype, layout):
+    """An LSE that is not a contiguous [B, H]: the view of an [H, B] tensor (attention kernels
+    that write head-major), or one value a row broadcast over the heads (stride 0, the storage
+    beyond it garbage). Its values go out as the spec says, or it is refused naming it."""
+    n, b, h, d = 2, 5, 4, impl.envelope.fit_head_dim(6)
+    outs, lses = partials(1, b, h, d, dtype, seed=29, device=device)
+    if layout == "transposed":
+        lse = lses[0].t().contiguous().t()
+    else:
+        store = torch.full((b * h + 1,), 1e4, dtype=torch.float32, device=device)
+        store[:b] = lses[0][:, 0]
+        lse = store[:b].view(b, 1).expand(b, h)
+    sent = []
+    if refused_instead(lambda: sent.append(_pack(impl, outs[0], lse, n)), STRIDE_WORDS):
+        return
+    _assert_wire_equal(sent[0], expected_send(outs[0], lse.contiguous(), n))
+
+
 @pytest.mark.parametrize("n,d", [(2, 80), (4, 24)], ids=["N2-D80", "N4-D24"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_pack_writes_nothing_outside_its_send_buffer(impl, device, dtype, n, d):
@@ -209,6 +232,7 @@ def test_pack_writes_nothing_outside_its_send_buffer(impl, device, dtype, n, d):
     (D+P = 82 or 26 rounded up), a row or a peer slice too many, or anything at a negative
     offset, corrupts them. Masked rows included (the mask path stores too)."""
     b, h = 5, 2 * n
+    d = impl.envelope.fit_head_dim(d)
     outs, lses = partials(1, b, h, d, dtype, seed=7 * n + d, device=device)
     qsl = torch.tensor([0, 2, 3, 4], dtype=torch.int32, device=device)  # row 4: padding
     seq_lens = torch.tensor([6, 0, 2], dtype=torch.int32, device=device)  # request 1: row 2
@@ -241,6 +265,7 @@ def _carve(ws, start, shape, dtype):
 
 
 @pytest.mark.clause("bad input")  # overrides the module's clause
+@pytest.mark.surface("wire")
 @pytest.mark.parametrize("layout", list(OVERLAPS))
 @pytest.mark.parametrize("b", [4, 8192], ids=["one_wave", "many_waves"])
 def test_staging_buffer_overlapping_its_inputs(impl, device, b, layout):
@@ -272,9 +297,8 @@ def test_staging_buffer_overlapping_its_inputs(impl, device, b, layout):
     lse = lses[0].clone() if at[2] is None else _carve(ws, at[2], (b, h), torch.float32)
     lse.copy_(lses[0])
     before = snapshot(out=out, lse=lse)
-    try:
-        impl.pack_send(out, lse, send, n, h // n, d, p)
-    except ValueError:
+    if refused_instead(lambda: impl.pack_send(out, lse, send, n, h // n, d, p),
+                       r"overlap|alias|send|\bout\b|\blse\b|memory|in.place"):
         assert_unmodified(before, "pack_send, before it raised,")
         return
     _assert_wire_equal(send, expected_send(before["out"][1], before["lse"][1], n))

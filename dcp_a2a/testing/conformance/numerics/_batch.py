@@ -7,6 +7,7 @@ import torch
 
 from dcp_a2a.reference import wire as reference_wire
 from dcp_a2a.testing.data import DTYPES, bits_view, partials, poison_like
+from dcp_a2a.testing.exchange import merge_heads
 
 POOL = 1024
 
@@ -19,11 +20,22 @@ def pool():
 
 def check_large_batch(impl, device, pool, rows):
     """One launch of unpack_combine over a ``rows``-row wire buffer (built from the wire
-    format's specification, :mod:`dcp_a2a.reference.wire`); rows at the first, a middle and the
-    last position equal the same rows combined alone, bit for bit."""
+    format's specification, :mod:`dcp_a2a.reference.wire`; or one merge of the rows, without a
+    wire); rows at the first, a middle and the last position equal the same rows combined
+    alone, bit for bit."""
     dtype = torch.bfloat16
     outs, lses = (t[:, :rows] for t in pool[dtype])
     n, b, h, d = outs.shape
+    if not (impl.has("unpack_combine") and impl.has("lse_pack_dim")):
+        base_e = impl.envelope.base_e
+        outs, lses = outs.to(device), lses.to(device)
+        big_out, big_lse = merge_heads(impl, outs, lses, 0, return_lse=True, base_e=base_e)
+        for row in (0, rows // 2 + 3, rows - 1):
+            one_out, one_lse = merge_heads(impl, outs[:, row:row + 1], lses[:, row:row + 1], 0,
+                                           return_lse=True, base_e=base_e)
+            assert torch.equal(bits_view(one_out[0].cpu()), bits_view(big_out[row].cpu())), row
+            assert torch.equal(bits_view(one_lse[0].cpu()), bits_view(big_lse[row].cpu())), row
+        return
     p = impl.lse_pack_dim(dtype)
     send = [poison_like(torch.empty((n, b, h // n, d + p), dtype=dtype)) for _ in range(n)]
     for r in range(n):

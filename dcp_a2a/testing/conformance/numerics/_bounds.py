@@ -36,11 +36,31 @@ def weights(lses, base_e=True):
     return torch.where(tot > 0, e / torch.where(tot > 0, tot, torch.ones_like(tot)), 0.0)
 
 
-def Oracle(outs, lses, base_e=True, kind="a2a") -> OracleBounds:  # noqa: N802 (was a class)
+def Oracle(outs, lses, base_e=True, kind="a2a",  # noqa: N802 (was a class)
+           formulation="global_max") -> OracleBounds:
     """The float64 merge of ``outs[N, B, H, D]`` / ``lses[N, B, H]`` and its derived bounds
     (``.out``, ``.lse``, ``.mag``, ``.out_bound``, ``.lse_bound``, ...), for a result in
     ``outs.dtype``: :func:`dcp_a2a.testing.compare.oracle_bounds`."""
-    return oracle_bounds(outs, lses, outs.dtype, kind=kind, is_lse_base_on_e=base_e)
+    return oracle_bounds(outs, lses, outs.dtype, kind=kind, is_lse_base_on_e=base_e,
+                         formulation=formulation)
+
+
+def judge(relation: str, bound_for) -> None:
+    """Check a relation whose bound ``bound_for(formulation)`` composes (pairs of
+    ``(excess, bound)``): within the global-max bounds it holds; outside them but within a
+    weaker formulation's (tolerances.yaml ``online``, ``rounded_lse``) it is weaker precision
+    (:class:`~dcp_a2a.testing.verdicts.Precision`); else it fails (a defect)."""
+    from dcp_a2a.testing.compare import WEAKER_FORMULATIONS
+    from dcp_a2a.testing.verdicts import Precision
+
+    ratio = max(worst(e, b) for e, b in bound_for("global_max"))
+    if ratio <= 1.0:
+        return
+    for form, says in WEAKER_FORMULATIONS.items():
+        if max(worst(e, b) for e, b in bound_for(form)) <= 1.0:
+            raise Precision(f"{relation}: {ratio:.3g}x its composed bound; within the bound "
+                            f"composed for a {says}")
+    raise AssertionError(f"{relation}: {ratio:.3g}x its composed bound")
 
 
 def abs_diff(a, b):

@@ -32,7 +32,8 @@ def _signs(shape, g):
     return torch.where(torch.rand(shape, generator=g) < 0.5, -1.0, 1.0).to(torch.float64)
 
 
-def _merge_and_check(exchange, merge_check, outs, lses, base_e=True):
+def _merge_and_check(exchange, merge_check, outs, lses, base_e=None):
+    base_e = exchange.impl.envelope.base_e if base_e is None else base_e
     out, lse = exchange.merge(outs, lses, is_lse_base_on_e=base_e)
     merge_check(out, lse, outs, lses, is_lse_base_on_e=base_e)
     return out, lse
