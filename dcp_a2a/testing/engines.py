@@ -24,7 +24,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .verdicts import ORDER, SEVERITIES, by_severity
+from .verdicts import ORDER, by_severity, rank
 
 # the clauses in the order the table shows them
 CLAUSE_ORDER = ("merge bound", "wire format", "masking", "exchange", "caller buffer",
@@ -147,8 +147,8 @@ def run_engine(spec: str, out_dir: Path, tiers: str, workers: str) -> EngineRun:
     for clause in run.clauses:
         mine = [f for f in failures if f.get("clause") == clause]
         if mine:
-            worst = min(ORDER[f["severity"]] for f in mine)
-            tier = [f for f in mine if ORDER[f["severity"]] == worst]
+            worst = min(rank(f["severity"], f["why"]) for f in mine)
+            tier = [f for f in mine if rank(f["severity"], f["why"]) == worst]
             with_repro = [f for f in tier if (f.get("repro") or {}).get("script")]
             pick = min(with_repro, key=lambda f: f["repro"].get("size", 0)) if with_repro \
                 else tier[0]
@@ -207,15 +207,23 @@ def render_markdown(runs: list[EngineRun], machine: str) -> str:
     for r in ran:
         L += ["", f"### `{r.name}`", "", f"{r.described}", ""]
         if r.defects:
-            L.append(f"**Defects ({len(r.defects)})**, worst first:")
+            L.append(f"**Defects ({len(r.defects)})**, worst first (memory unsafety, wrong "
+                     "numbers from valid input, then bad input let through):")
             L.append("")
-            seen = set()
+            seen, garbage = set(), []
             for d in r.defects:
-                key = (d["clause"], d["message"][:80])
+                if d["why"].startswith("garbage accepted"):
+                    garbage.append(d)
+                    continue
+                key = (d["clause"], d["message"][:60])
                 if key in seen:
                     continue
                 seen.add(key)
                 L.append(f"- {d['clause'] or '-'}: `{d['nodeid']}` ({d['why']}): {d['message']}")
+            if garbage:
+                names = sorted({d["nodeid"].split("::")[-1].split("[")[0] for d in garbage})
+                L.append(f"- bad input let through, {len(garbage)} cases ({', '.join(names)}): "
+                         f"e.g. {garbage[0]['message']}")
             L.append("")
         for c in CLAUSE_ORDER:
             w = r.worst.get(c)

@@ -4,8 +4,8 @@ engine leads with what matters.
 ========== ==============================================================================
 severity   what it means
 ========== ==============================================================================
-defect     wrong numbers inside the envelope, memory unsafety (a crash, an illegal access),
-           garbage accepted, the caller's tensors changed, a hang
+defect     memory unsafety (a crash, an illegal access), a hang, wrong numbers inside the
+           envelope, the caller's tensors changed, garbage accepted (in that order)
 precision  right numbers, less precisely than the derived bound: the measured factor over
            the bound and the formulation whose own bound the errors stay within
 limitation valid input inside the declared envelope refused loudly (an exception): the
@@ -25,6 +25,16 @@ from __future__ import annotations
 
 SEVERITIES = ("defect", "precision", "limitation", "convention")
 ORDER = {s: i for i, s in enumerate(SEVERITIES)}
+GARBAGE = "bad input accepted"  # how a refusal test says nothing refused (conformance._refusals)
+# within the defects: what can corrupt memory, then wrong numbers from valid input, then bad
+# input let through (an engine's private function that trusts its caller)
+DEFECT_ORDER = ("memory unsafety", "hang", "wrong result", "defect", "garbage accepted")
+
+
+def rank(severity: str, why: str) -> tuple:
+    """Sort key of a failure, worst first."""
+    sub = next((i for i, w in enumerate(DEFECT_ORDER) if why.startswith(w)), len(DEFECT_ORDER))
+    return ORDER[severity], sub if severity == "defect" else 0
 IMPL_RAISED = "_dcp_a2a_raised_by_implementation"
 
 # a CUDA error that poisons the context: memory unsafety in the code that ran before it
@@ -74,6 +84,8 @@ def severity_of(exc: BaseException) -> tuple[str, str]:
     if isinstance(pool_tracebacks, dict) and pool_tracebacks:
         return severity_of_tracebacks(list(pool_tracebacks.values()))
     if isinstance(exc, AssertionError):
+        if str(exc).startswith(GARBAGE):
+            return "defect", "garbage accepted"
         return "defect", "wrong result"
     return "defect", f"unexpected {type(exc).__name__}"
 
@@ -136,7 +148,7 @@ def by_severity(failures: list[dict]) -> list[dict]:
     for f in failures:
         sev, why = record_severity(f)
         out.append(f | {"severity": sev, "why": why})
-    return sorted(out, key=lambda f: ORDER[f["severity"]])
+    return sorted(out, key=lambda f: rank(f["severity"], f["why"]))
 
 
 def clause_table(records: list[dict], clauses) -> list[dict]:

@@ -21,7 +21,7 @@ import re
 import torch
 import torch.distributed as dist
 
-from ..verdicts import IMPL_RAISED, Convention, memory_unsafe
+from ..verdicts import GARBAGE, IMPL_RAISED, Convention, memory_unsafe
 
 NOT_DIVISIBLE_WORDS = r"divisib|divide|multiple of|evenly|split"
 HEAD_DIM_WORDS = r"head_?dim|head dim|head_size|head size"
@@ -78,7 +78,7 @@ def refused(words: str = r".", *, dtype_problem: bool = False):
             raise
         raise Convention(f"refused with {type(e).__name__} instead of a {allowed} naming the "
                          f"problem: {str(e)[:300]}") from e
-    raise AssertionError(f"bad input accepted: no error raised (expected a {allowed} naming "
+    raise AssertionError(f"{GARBAGE}: no error raised (expected a {allowed} naming "
                          f"{words})")
 
 

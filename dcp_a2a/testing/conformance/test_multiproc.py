@@ -116,7 +116,7 @@ def test_bad_head_split_raises_on_every_rank_without_hanging(rank_pool, impl):
     res = rank_pool.run(mp_tasks.reduce_expect_error, n, out[0], lse[0], {},
                         n=n, timeout=30)
     for r, got in enumerate(res):
-        assert got is not None, f"rank {r}: H=4 over N=3 ranks was accepted"
+        assert got is not None, f"bad input accepted: rank {r} took H=4 over N=3 ranks"
         if got[0] != "ValueError":
             raise Convention(f"rank {r}: refused with {got[0]}, not a ValueError: {got}")
 

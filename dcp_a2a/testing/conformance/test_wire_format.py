@@ -17,6 +17,7 @@ from dcp_a2a.testing.data import (DTYPES, assert_unmodified, guarded, large_batc
                                   poison_like, snapshot)
 from dcp_a2a.testing.conformance._refusals import STRIDE_WORDS, refused_instead
 from dcp_a2a.testing.conformance._spec import expected_send, pack_dim, raw_bits
+from dcp_a2a.testing.verdicts import GARBAGE
 
 pytestmark = [pytest.mark.conformance, pytest.mark.clause("wire format")]
 
@@ -301,4 +302,8 @@ def test_staging_buffer_overlapping_its_inputs(impl, device, b, layout):
                        r"overlap|alias|send|\bout\b|\blse\b|memory|in.place"):
         assert_unmodified(before, "pack_send, before it raised,")
         return
-    _assert_wire_equal(send, expected_send(before["out"][1], before["lse"][1], n))
+    try:
+        _assert_wire_equal(send, expected_send(before["out"][1], before["lse"][1], n))
+    except AssertionError as e:
+        raise AssertionError(f"{GARBAGE} (a send buffer over its own inputs, {OVERLAPS[layout]}),"
+                             f" and packed wrong: {e}") from None
