@@ -68,6 +68,9 @@ def pytest_addoption(parser):
                 help="drop slow tests; keep the first parametrisation of each test function")
     g.addoption("--dcp-impl-only", action="store_true", default=False,
                 help="keep only tests of the implementation under test (the impl fixture)")
+    g.addoption("--dcp-deselect", default=None, metavar="FILE",
+                help="leave out the tests whose node ids FILE lists, one a line (a session "
+                     "that goes on where one that died stopped)")
 
 
 def _csv(v):
@@ -125,14 +128,19 @@ def pytest_collection_modifyitems(session, config, items):
     exclude = set(_csv(config.getoption("--dcp-exclude")))
     quick = config.getoption("--dcp-quick")
     impl_only = config.getoption("--dcp-impl-only")
-    if prefix is None and not tiers_opt and not exclude and not quick and not impl_only:
+    done_file = config.getoption("--dcp-deselect")
+    done = set(Path(done_file).read_text().split()) if done_file else set()
+    if prefix is None and not tiers_opt and not exclude and not quick and not impl_only \
+            and not done:
         return
     keep, dropped, seen_functions = [], [], set()
     for item in items:
         tiers = item_tiers(item)
         marks = sorted({m.name for m in item.iter_markers()} - _PYTEST_MARKS)
         reason = None
-        if tiers_opt and not set(tiers) & set(tiers_opt):
+        if item.nodeid in done:
+            reason = "ran in an earlier session"
+        elif tiers_opt and not set(tiers) & set(tiers_opt):
             reason = "tier not selected" if tiers else "in no tier"
         elif exclude & (set(tiers) | set(marks)):
             reason = "excluded: " + ",".join(sorted(exclude & (set(tiers) | set(marks))))

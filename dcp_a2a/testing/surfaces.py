@@ -151,6 +151,7 @@ class Envelope:
     per limit, for the report). The default takes everything the contract allows."""
 
     head_dims: str = "any"                   # "any" | "power of two" | "even"
+    min_head_dim: int = 1                    # the smallest head dim it takes
     world_sizes: str = "any"                 # "any" | "at least 2"
     lse_dtypes: tuple = LSE_DTYPES           # LSE dtypes it takes, of LSE_DTYPES
     bases: tuple = BASES                     # LSE bases it merges: "e", "2"
@@ -162,6 +163,9 @@ class Envelope:
             if value not in allowed:
                 raise ValueError(f"Envelope({name}={value!r}): expected one of "
                                  f"{', '.join(map(repr, allowed))}")
+        if not isinstance(self.min_head_dim, int) or self.min_head_dim < 1:
+            raise ValueError(f"Envelope(min_head_dim={self.min_head_dim!r}): expected an int "
+                             ">= 1")
         for name, values, allowed in (("lse_dtypes", self.lse_dtypes, LSE_DTYPES),
                                       ("bases", self.bases, BASES)):
             if isinstance(values, str) or not set(values) <= set(allowed) or not values:
@@ -170,6 +174,8 @@ class Envelope:
 
     # -- the limits, one at a time
     def head_dim_ok(self, d: int) -> bool:
+        if d < self.min_head_dim:
+            return False
         if self.head_dims == "power of two":
             return _is_pow2(d)
         if self.head_dims == "even":
@@ -195,7 +201,7 @@ class Envelope:
                 lse_dtype=None, base_e: bool | None = None) -> str | None:
         """Why a case is outside the envelope (a line naming the limit), or None."""
         if head_dim is not None and not self.head_dim_ok(head_dim):
-            return f"head dim {head_dim} (head dims: {self.head_dims} only)"
+            return f"head dim {head_dim} (head dims: {self._head_dims_text()})"
         if world_size is not None and not self.world_size_ok(world_size):
             return f"a group of {world_size} (world sizes: {self.world_sizes})"
         if lse_dtype is not None:
@@ -219,6 +225,8 @@ class Envelope:
         """[(limit name, one case outside it)] of every declared limit, for the envelope
         check: the first head dim, group, LSE dtype and base the engine says it refuses."""
         found = []
+        if self.min_head_dim > 1:
+            found.append(("min_head_dim", {"head_dim": self.min_head_dim - 1}))
         if self.head_dims != "any":
             found.append(("head_dims", {"head_dim": next(d for d in range(3, 1 << 12)
                                                          if not self.head_dim_ok(d))}))
@@ -232,11 +240,15 @@ class Envelope:
                 found.append(("bases", {"base_e": base == "e"}))
         return found
 
+    def _head_dims_text(self) -> str:
+        text = "any" if self.head_dims == "any" else f"{self.head_dims} only"
+        return text + (f", at least {self.min_head_dim}" if self.min_head_dim > 1 else "")
+
     def describe(self) -> str:
         """One line: every limit, or "the whole contract"."""
         parts = []
-        if self.head_dims != "any":
-            parts.append(f"head dims: {self.head_dims}")
+        if self.head_dims != "any" or self.min_head_dim > 1:
+            parts.append(f"head dims: {self._head_dims_text()}")
         if self.world_sizes != "any":
             parts.append(f"world sizes: {self.world_sizes}")
         if tuple(self.lse_dtypes) != LSE_DTYPES:

@@ -18,6 +18,7 @@ import torch.distributed as dist
 from dcp_a2a.testing.data import modified, snapshot
 from dcp_a2a.testing.impl import ENV_VAR, load_impl
 from dcp_a2a.testing.rankpool import RankPool
+from dcp_a2a.testing.surfaces import Unsupported
 
 # Imported by the fork server of CPU pools, so that no rank imports them itself (after every
 # pool (re)start): this module (and through it the implementation loader), and the module
@@ -72,7 +73,11 @@ def reduce_cases(ctx, n: int, cases: list, inputs: list) -> list:
             kw["buffers"] = _symm_buffers(group, out)
         before = snapshot(out=out, lse=lse, seq_lens=kw.get("seq_lens"),
                           query_start_loc=kw.get("query_start_loc"))
-        res = impl.lse_reduce(out, lse, group, **kw)
+        try:
+            res = impl.lse_reduce(out, lse, group, **kw)
+        except Unsupported as e:  # refused before any collective, alike on every rank
+            results.append(dict(unsupported=e.what))
+            continue
         if case["return_lse"]:
             if not (isinstance(res, tuple) and len(res) == 2):
                 results.append(dict(bad_return=f"return_lse=True returned {type(res).__name__}"))

@@ -119,8 +119,11 @@ _SAID = {
                  "Float, as in SGLang's dcp_a2a_lse_reduce) and dcp_pack_a2a_send refuses it "
                  "(ValueError: head dim must be a multiple of the LSE pack dim)",
     "lse_dtypes": "dcp_pack_a2a_send: ValueError LSE tensors must be float32",
+    "min_head_dim": "for 16-bit outputs D = 1 has no float32 LSE word in its D + 2 lanes "
+                    "(torch: size must be divisible by 2 to view as Float)",
 }
-PACKED = Envelope(head_dims="power of two", lse_dtypes=("float32",), said=_SAID)
+PACKED = Envelope(head_dims="power of two", min_head_dim=2, lse_dtypes=("float32",),
+                  said=_SAID)
 POW2 = Envelope(head_dims="power of two", said={"head_dims": _SAID["head_dims"].split(";")[0]})
 
 

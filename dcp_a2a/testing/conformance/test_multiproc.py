@@ -61,6 +61,8 @@ def test_empty_shards_and_padding_rows(rank_pool, merge_check, impl, n, dtype):
     results = run_and_check(rank_pool, merge_check, n, cases, data, oracle)
     for r in range(n):
         for res in results[r]:
+            if "unsupported" in res:
+                continue
             out, lse = res["out"], res["lse"]
             assert torch.equal(out[4:].float(), torch.zeros_like(out[4:].float())), \
                 f"rank {r}: padding rows must merge to 0"
