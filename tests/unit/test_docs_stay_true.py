@@ -145,7 +145,7 @@ def test_the_merge_only_adapter_of_the_docs(stand_in_engine):
     path.write_text(_doc_code("conformance.md", "### An engine that exposes only a merge"))
     impl = load_impl(str(path))
     assert impl.surfaces == {"merge"}
-    assert impl.envelope.describe() == "head dims: power of two; LSE bases: 2"
+    assert impl.envelope.describe() == "head dims: power of two only; LSE bases: 2"
     assert impl.envelope.said.get("head_dims")
     outs, lses = partials(3, 4, 2, 16, torch.bfloat16, seed=1)
     out, lse = impl.merge(outs, lses, is_lse_base_on_e=False, return_lse=True)
