@@ -193,7 +193,7 @@ class _Call(NamedTuple):
 _Tensor = torch.Tensor
 # The calls whose checks below passed, by what those checks read (every tensor's shape, dtype
 # and device, the other arguments' types and values, the interpreter switch): a later call of
-# the same key skips them (issue 47: an eager call's host time). Emptied by ops.forget_calls.
+# the same key skips them (an eager call's host time). Emptied by ops.forget_calls.
 _CHECKED = kept_table()
 
 

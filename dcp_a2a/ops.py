@@ -8,7 +8,7 @@
 
 Shapes, dtypes and the wire format ``[N, B, H/N, D+P]`` are described in :mod:`dcp_a2a.wire`.
 
-Each op checks a problem once (issue 47: an eager call's host time). A call's key is what
+Each op checks a problem once (an eager call's host time). A call's key is what
 every argument check reads: each tensor's type, shape, strides, dtype and device and the other
 arguments' types and values; with each tensor's address modulo 16 (what Triton's compiled
 kernel was specialised on). The first call of a key runs every check, and, when they pass,
@@ -288,7 +288,7 @@ def _unpack_checked(recv, head_dim, lse_pack_dim, return_lse, is_lse_base_on_e, 
     if not fresh:
         # kept without a Site: its first launch could not be bound (a launch hook was on, a
         # stand-in held the kernel's name); this one may be -- else the key stayed on the
-        # slow path for good (issue 47's eager probe, 2026-12-06: 28 us a call, not 12.6)
+        # slow path for good (an eager-call probe, 2026-12-06: 28 us a call, not 12.6)
         if site is not None and (out.data_ptr() & 15, lse.data_ptr() & 15) == kept.aligns:
             kept.site = site
         return res

@@ -27,7 +27,7 @@ INDEX_DTYPES = (torch.int32, torch.int64)
 
 # The integer type of the same width, through which the kernels move raw bits.
 BITS_DTYPE = {torch.float16: torch.int16, torch.bfloat16: torch.int16, torch.float32: torch.int32}
-# P of each output dtype: a dict lookup on every call's hot path (issue 47: host time per call)
+# P of each output dtype: a dict lookup on every call's hot path (host time per call)
 _LSE_LANES = {torch.float16: 2, torch.bfloat16: 2, torch.float32: 1}
 
 

@@ -89,7 +89,7 @@ def _merge_ranks(tiles, out_ptr, out_bits_ptr, scales, out_row, d, md, s_od,
                  ROWS: tl.constexpr, BLOCK_D: tl.constexpr, NATIVE_BF16: tl.constexpr):
     """Store sum_r scale_r * tiles[r], added in rank order 0..N-1 (the order merge_weights
     sums the weights in). (A branch a rank on a one-row program's weight, instead of the
-    select a lane in add_weighted, was 2-23 % slower, median 8 %, at issue 47's 17 rows on
+    select a lane in add_weighted, was 2-23 % slower, median 8 %, at the 17 decode rows on
     an H100: docs/perf_history.md, sixteenth pass.)"""
     acc = tl.zeros((ROWS, BLOCK_D), dtype=tl.float32)
     acc_hi = tl.zeros((ROWS, BLOCK_D), dtype=tl.float32)  # PAIRS only
@@ -207,13 +207,13 @@ def _scale_kernel(
 
 
 # The grid and constexpr keywords of each launch, built once per problem rather than on every
-# call (issue 47: host time per eager call); see ``_host.cached_plan``.
+# call (host time per eager call); see ``_host.cached_plan``.
 _PLANS: dict = {}
 
 
 # Whether the compiled combine rounds bf16 outputs with the GPU's conversion instruction
 # (sm_80 and newer have it; the bits are those of the integer rounding, merge_math), and up to
-# how many warps a program. Issue 47's two probes on an H100 (docs/perf.md, sixteenth pass):
+# how many warps a program. Two eager-call probes on an H100 (docs/perf.md, sixteenth pass):
 # with 1 or 2 warps the native rounding took 0.91-1.01 of the integer rounding's time at the
 # 9 such bf16 rows of one probe, 0.91-0.98 at the 5 of the next; with 4 or 8 warps 1.02-1.08
 # at the 4 such rows in both (B=16 and 32 H=128 N=8: 1.07-1.08 and 1.05; B=32 went above the

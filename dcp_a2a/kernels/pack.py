@@ -285,7 +285,7 @@ def slab_fits(src: torch.Tensor, lanes: int, lanes_p: int, h_per_rank: int) -> b
 
 
 # The grid and constexpr keywords of each launch, built once per problem rather than on every
-# call (issue 47: host time per eager call); see ``_host.cached_plan``.
+# call (host time per eager call); see ``_host.cached_plan``.
 _PLANS: dict = {}
 
 

@@ -96,7 +96,7 @@ def clamped_exponent(outs, lses, base_e=True):
 
 
 def subnormal_weight_inputs(dtype: torch.dtype, big: float):
-    """Issue 22's reproduction, ``(outs[2, 1, 2, 4] in dtype, lses[2, 1, 2] float32)``: rank 0
+    """A correct merge that a bound without the small-weight floor failed, ``(outs[2, 1, 2, 4] in dtype, lses[2, 1, 2] float32)``: rank 0
     at LSE 0 with a zero partial, rank 1 at LSE -95 / -100 (per head: weights e^-95 ~ 2^-137 and
     e^-100 ~ 2^-144, fp32 subnormals) with partial big * [1, 1.1, 1.3, 1.7]. The merge is
     rank 1's tiny share of a huge partial: the bound's relative terms do not cover a weight

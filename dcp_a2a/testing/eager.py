@@ -1,4 +1,4 @@
-"""Eager-call time (issue 47): what one call costs when an engine does not replay a CUDA graph.
+"""Eager-call time: what one call costs when an engine does not replay a CUDA graph.
 
 An eager call is host work (argument checks, views, the launch table, building the launch)
 plus Triton's launcher, and the GPU work behind it. ``eager_us`` makes ``calls`` back-to-back

@@ -1,4 +1,4 @@
-"""The engine-design baseline of the unpack-combine (issue 47): a kernel written to the design of
+"""The engine-design baseline of the unpack-combine: a kernel written to the design of
 the one vLLM main ships (``_dcp_a2a_unpack_combine_kernel``), our own code, so that the benchmark
 can time ours next to the design engines run and a regression against it shows.
 

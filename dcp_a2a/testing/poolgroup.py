@@ -2,7 +2,7 @@
 
 pytest-xdist's loadgroup sends the tests of one ``xdist_group`` to one worker by appending the
 group's name to their node ids on the workers. Since pytest 9.2 a node id is structured and
-that rename no longer takes (pytest-xdist issue 1386): the group mark is ignored, and every
+that rename no longer takes (pytest-dev/pytest-xdist#1386): the group mark is ignored, and every
 worker started a pool of ranks of its own. On one H200 (2026-12-05, 8 workers) the eight pools
 started at once, their first tests took 19-25 s each, and 64 rank processes held CUDA contexts.
 

@@ -135,7 +135,7 @@ def test_a_kept_site_launches_the_tables_choice_after_an_override():
 @pytest.mark.parametrize("mask", [False, True], ids=["unmasked", "masked"])
 def test_lse_reduce_launches_through_the_ops_kept_sites(mask):
     """lse_reduce (packed) packs and merges through the public ops: from a problem's second
-    call on, both kernels launch through kept Sites (issue 47: an eager call's host time), and
+    call on, both kernels launch through kept Sites (an eager call's host time), and
     the merge is the bits Triton's own dispatch gives."""
     ops.forget_calls()
     b, n, d = 6, 1, 72

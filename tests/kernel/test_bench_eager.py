@@ -1,4 +1,4 @@
-"""The benchmark's eager-call timing (dcp_a2a.testing.eager, issue 47) runs end to end and reports
+"""The benchmark's eager-call timing (dcp_a2a.testing.eager) runs end to end and reports
 every op it promises, with the floors' empty kernels launched with the very arguments of the real
 launches. Structure only: on the CPU the kernels run in Triton's interpreter and the times mean
 nothing (speed is claimed by the GPU benchmark, never here)."""

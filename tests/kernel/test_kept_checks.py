@@ -1,4 +1,4 @@
-"""The public ops keep a checked problem (dcp_a2a.ops, issue 47): a kept key never changes a
+"""The public ops keep a checked problem (dcp_a2a.ops): a kept key never changes a
 verdict. Each case is a good call and a bad one that differs from it in one thing; the bad call
 must be refused in the same words right after the good one (whose key is then kept) as from a
 cold start. A key that left out what a check reads would let the bad call through on the good

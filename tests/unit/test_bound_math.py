@@ -3,7 +3,7 @@
 arithmetic (``dcp_a2a.testing.degraded.FP32`` / ``fp32_merge``), not with an implementation:
 
 * subnormal weights, with and without flush-to-zero: a correct merge exceeded the bound before
-  the small-weight floor F (issue 22) and passes with it, and F still rejects a wrong weight;
+  the small-weight floor F and passes with it, and F still rejects a wrong weight;
 * the overflow rule: at FLT_MAX a correctly evaluated merge may round to inf, and is accepted,
   as is the overflow of a merge that divides by the weights' sum last where its accumulator
   reaches the threshold; an inf where no formulation in scope overflows, or of the wrong sign,
@@ -36,23 +36,23 @@ F32_MAX = torch.finfo(torch.float32).max
 
 def _ratios(out, outs, lses, base_e=True):
     """(worst err/bound with the small-weight floor, without it): the second is the bound
-    before issue 22 in this respect (E less F; everything else the same)."""
+    before the small-weight floor (E less F; everything else the same)."""
     orc = oracle_bounds(outs, lses, out.dtype, is_lse_base_on_e=base_e)
     err = (out.double() - orc.out).abs()
     bare = tol.output_bound_from(orc.out, orc.evaluation - orc.small, orc.mag, out.dtype, orc.n)
     return float((err / orc.out_bound).max()), float((err / bare).max())
 
 
-# issue 22's reproduction (degraded.subnormal_weight_inputs) at the sizes it reported
-ISSUE_CASES = [(torch.float32, 2.0 ** 120), (torch.bfloat16, 2.0 ** 120),
+# the reported false positive (degraded.subnormal_weight_inputs) at the sizes it was seen at
+REPORTED_CASES = [(torch.float32, 2.0 ** 120), (torch.bfloat16, 2.0 ** 120),
                (torch.float32, 2.0 ** 30)]
 
 
-@pytest.mark.parametrize("dtype,big", ISSUE_CASES, ids=["fp32-2^120", "bf16-2^120", "fp32-2^30"])
+@pytest.mark.parametrize("dtype,big", REPORTED_CASES, ids=["fp32-2^120", "bf16-2^120", "fp32-2^30"])
 def test_subnormal_weight_rounded(dtype, big):
     """Subnormal weights computed with gradual underflow (fp32 holds e^-100 to 1/27): the
     error is a few % of w_1|o_1|. Measured: 0.017 with F; without it 1189 (fp32, 2^120), 8.0
-    (bf16), 24 (fp32, 2^30) -- the false positive of issue 22 (1179 against the bound before
+    (bf16), 24 (fp32, 2^30) -- the false positive the floor fixed (1179 against the bound before
     it, 3N + 11 instead of 2N + 11 + 2.25X); our kernel gives the same numbers."""
     outs, lses = subnormal_weight_inputs(dtype, big)
     out, _ = fp32_merge(outs, lses)
@@ -61,7 +61,7 @@ def test_subnormal_weight_rounded(dtype, big):
     assert without > 5.0, without
 
 
-@pytest.mark.parametrize("dtype,big", ISSUE_CASES, ids=["fp32-2^120", "bf16-2^120", "fp32-2^30"])
+@pytest.mark.parametrize("dtype,big", REPORTED_CASES, ids=["fp32-2^120", "bf16-2^120", "fp32-2^30"])
 def test_subnormal_weight_flushed_to_zero(dtype, big):
     """Flush-to-zero arithmetic (compiled GPU code may use it) drops rank 1 entirely: the error
     is all of w_1|o_1|, exactly what F allows (ratio 0.99999, 0.996, 0.99998). Without F:
@@ -75,7 +75,7 @@ def test_subnormal_weight_flushed_to_zero(dtype, big):
     assert without > 100.0, without
 
 
-@pytest.mark.parametrize("dtype,big", ISSUE_CASES, ids=["fp32-2^120", "bf16-2^120", "fp32-2^30"])
+@pytest.mark.parametrize("dtype,big", REPORTED_CASES, ids=["fp32-2^120", "bf16-2^120", "fp32-2^30"])
 def test_floor_still_rejects_a_wrong_small_weight(dtype, big):
     """F allows 100 % of a subnormal weight, no more: clamping the shifts at fp32's normal range
     (weight 2^-126 instead of e^-95 or e^-100) is rejected: 3.2e5 (the e^-100 head)."""

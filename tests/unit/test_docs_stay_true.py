@@ -35,6 +35,19 @@ def test_no_tracker_numbers(doc):
     assert not found, f"{doc.relative_to(ROOT)} names {found}: say what the thing does"
 
 
+SOURCES = sorted(p for ext in ("py", "yaml", "toml", "sh", "md") for p in ROOT.glob(f"**/*.{ext}")
+                 if not {".venv", "build", "validation-report", ".git"} & set(p.relative_to(ROOT).parts)
+                 and "egg-info" not in str(p))
+
+
+def test_no_source_names_a_tracker_number():
+    """Code, comments and docstrings say what a thing does and why; a tracker number tells a
+    reader outside this repository's history nothing."""
+    found = {str(p.relative_to(ROOT)): hits for p in SOURCES if p != Path(__file__)
+             for hits in [sorted(set(TRACKER.findall(p.read_text(errors="replace"))))] if hits}
+    assert not found, f"tracker numbers in {found}: say what the thing does"
+
+
 def test_the_patterns_find_what_they_look_for():
     assert HASH.findall("at 14b51ec and 06c8cc49a2ff11db36fc389ee02953070f401de2, not 1234567")\
         == ["14b51ec", "06c8cc49a2ff11db36fc389ee02953070f401de2"]

@@ -168,7 +168,7 @@ def test_decode_heads_of_128_lanes_go_four_a_program(compiled, b, h, n):
         assert tuning.launch("pack", b, h, 250, n).num_warps == 4
 
 
-# (B, H, N, lanes) -> (heads a program, warps): issue 47's decode rows, as the table's comment
+# (B, H, N, lanes) -> (heads a program, warps): the 17 decode rows, as the table's comment
 # (sixteenth and seventeenth passes) states the measured choices; lanes are 32-bit words
 # (16-bit D=512: 256, fp32 D=128: 128, 16-bit D=128: 64, 16-bit D=64: 32).
 COMBINE_DECODE = [
@@ -282,7 +282,7 @@ def test_decode_packs_load_in_the_stores_layout(compiled, b, h, n, lanes, lane_l
 
 
 def test_launch_choices_are_cached_for_the_table_in_force(compiled, monkeypatch):
-    """An eager call looks its launch up (issue 47): the same object for the same problem, and
+    """An eager call looks its launch up: the same object for the same problem, and
     a fresh choice whenever the rules in force change (a swapped table, the interpreter, an
     override), never a stale one."""
     args = ("combine", 64, 16, 256, 8)

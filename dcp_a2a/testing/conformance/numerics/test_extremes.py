@@ -98,7 +98,7 @@ def test_partials_at_float32_max(exchange, merge_check):
                                        (torch.float32, 2.0 ** 30)],
                          ids=["fp32-2^120", "bf16-2^120", "fp32-2^30"])
 def test_subnormal_weights(exchange, merge_check, dtype, big):
-    """Issue 22: a rank 95 / 100 nats below the max (weights ~2^-137 / 2^-144, fp32
+    """A rank 95 / 100 nats below the max (weights ~2^-137 / 2^-144, fp32
     subnormals) with a huge partial. fp32 holds such a weight to a few %, flush-to-zero code
     drops it; the small-weight floor allows either (our kernel on the CPU: ratio 0.017; it was
     1179 / 8.0 / 24 before the floor; a flushed weight sits just below 1). The check keeps its
