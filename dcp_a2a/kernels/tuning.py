@@ -9,7 +9,7 @@ card has the device's compute capability and SM count, else the default;
 on the table in force never changes, so a CUDA graph captured at one batch size replays the
 launch it captured, and the eager path pays nothing for the choice: a problem's launch is looked
 up as before. Every table is validated when it is read (:class:`TableError` names the file and
-the rule); ``python -m dcp_a2a.testing.tune`` derives a card's table from a sweep on that card.
+the rule); ``dcp-a2a tune`` derives a card's table from a sweep on that card.
 
 The tests run every configuration any shipped table can pick (``every_launch``): the kernels'
 results are bitwise the same under each of them (no FMA contraction, fixed summation order; see

@@ -7,6 +7,7 @@
     dcp-a2a self-check   every shipped mutant caught, every correct implementation passing
     dcp-a2a gpu-check    on a GPU machine before merging: validate, self-check, accuracy, bench
     dcp-a2a engines      the conformance suite over every engine adapter: engine x clause table
+    dcp-a2a tune         derive this card's launch table from a sweep on it
 
 The programs that run per rank start under torchrun the same way::
 
@@ -39,6 +40,7 @@ PROGRAMS = {
     "self-check": "selfcheck",
     "gpu-check": "gpucheck",
     "engines": "engines",
+    "tune": "tune",
 }
 EXIT_OK = 0
 

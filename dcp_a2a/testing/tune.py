@@ -1,9 +1,9 @@
 """Derive a card's launch table from a sweep on that card: ``dcp-a2a tune``
-(``python -m dcp_a2a.testing.tune``).
+(the old path ``python -m dcp_a2a.testing.tune`` runs the same program).
 
-    python -m dcp_a2a.testing.tune [--out DIR|FILE] [--base default.json] [--rounds 7]
+    dcp-a2a tune [--out DIR|FILE] [--base default.json] [--rounds 7]
         [--screen-rounds 3] [--finalists 3] [--confidence 0.95] [--budget 420]
-    python -m dcp_a2a.testing.tune --smoke --out DIR     (the CPU: structure only)
+    dcp-a2a tune --smoke --out DIR (the CPU: structure only)
 
 At each row of ``SWEEP_ROWS`` (the 17 decode rows vLLM's kernel is compared at, and the
 large-batch rows B=8192 H=64 D=512 bf16 N=4 and 8), for the pack and the unpack-combine, the
@@ -52,6 +52,8 @@ import sys
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+
+SUMMARY = "derive this card's launch table from a sweep on it (a GPU; --smoke: any machine)"
 
 # (B, H, D, N, dtype): the decode rows of the comparison with vLLM's kernel
 DECODE_ROWS = [
@@ -503,44 +505,43 @@ def _card(device):
     return {"name": p.name, "capability": [p.major, p.minor], "sms": p.multi_processor_count}
 
 
-def _positive(kind):
-    def parse(value):
-        try:
-            x = kind(value)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a positive number, got {value!r}")
-        if not x > 0:  # refuses nan too
-            raise argparse.ArgumentTypeError(f"expected a positive number, got {value}")
-        return x
-    return parse
+def _table_out(value: str) -> Path:
+    """A .json file, or a directory the card's file goes in (the shared output checks)."""
+    from . import args as a
+
+    return Path(a.out_file(value) if value.endswith(".json") else a.out_dir(value))
 
 
-def _confidence(value):
+def _confidence(value: str) -> float:
     try:
         x = float(value)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a confidence in (0, 1), got {value!r}")
-    if not 0 < x < 1:
-        raise argparse.ArgumentTypeError(f"expected a confidence in (0, 1), got {value}")
+        x = float("nan")
+    if not 0 < x < 1:  # refuses nan too
+        raise argparse.ArgumentTypeError(f"expected a confidence above 0 and below 1, "
+                                         f"got {value!r}")
     return x
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--out", type=Path, default=None,
+    from . import args as a
+
+    parser.add_argument("--out", type=_table_out, default=None, metavar="DIR|FILE",
                         help="a directory (the card's file goes in it) or a .json file; "
                              "default: the package's launch_tables/, where a process looks")
     parser.add_argument("--base", default="default.json",
                         help="the table whose launches are the ones to beat and whose rules the "
                              "card's table keeps (a file in launch_tables/, or a path)")
-    parser.add_argument("--rounds", type=_positive(int), default=7,
-                        help="interleaved rounds that decide (2 at least)")
-    parser.add_argument("--screen-rounds", type=_positive(int), default=3,
+    parser.add_argument("--rounds", type=a.count(2), default=7,
+                        help="interleaved rounds that decide (2 at least: an interval)")
+    parser.add_argument("--screen-rounds", type=a.positive_int, default=3,
                         help="interleaved rounds that pick the finalists")
-    parser.add_argument("--finalists", type=_positive(int), default=3,
+    parser.add_argument("--finalists", type=a.positive_int, default=3,
                         help="candidates a problem that go on to the deciding rounds")
-    parser.add_argument("--confidence", type=_confidence, default=0.95,
+    parser.add_argument("--confidence", default=0.95,
+                        type=_confidence,
                         help="a candidate wins where this interval of its ratio is below 1")
-    parser.add_argument("--budget", type=_positive(float), default=420.0,
+    parser.add_argument("--budget", type=a.seconds(), default=420.0,
                         help="seconds: a problem not started by then is left out")
     parser.add_argument("--smoke", action="store_true",
                         help="two tiny rows on the CPU (the interpreter, wall clock, two "
@@ -553,10 +554,6 @@ def main(args) -> int:
     from ..kernels import tuning
     from . import bench
 
-    if args.rounds < 2:
-        print("dcp-a2a tune: --rounds must be at least 2 (an interval needs two rounds)",
-              file=sys.stderr)
-        return 2
     try:
         base = tuning.read_table(args.base)
     except tuning.TableError as e:
@@ -607,13 +604,7 @@ def main(args) -> int:
     return 0
 
 
-def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=prog or "python -m dcp_a2a.testing.tune",
-                                     description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    add_arguments(parser)
-    return parser
+if __name__ == "__main__":  # the old entry point: the same program as `dcp-a2a tune`
+    from .cli import arguments
 
-
-if __name__ == "__main__":
-    raise SystemExit(main(build_parser().parse_args()))
+    raise SystemExit(main(arguments("tune")))

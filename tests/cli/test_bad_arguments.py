@@ -202,6 +202,16 @@ ROWS = [
     ("engines", ["--tiers", "bogus"], "argument --tiers: unknown tier 'bogus'"),
     ("engines", ["--releases", "/nonexistent"], "argument --releases: /nonexistent: no such "
                                                 "directory"),
+    # tune
+    ("tune", ["--confidence", "1"], "argument --confidence: expected a confidence above 0 and "
+                                    "below 1, got '1'"),
+    ("tune", ["--confidence", "nan"], "argument --confidence: expected a confidence"),
+    ("tune", ["--rounds", "1"], "argument --rounds: expected a whole number >= 2, got '1'"),
+    ("tune", ["--screen-rounds", "0"], "argument --screen-rounds: expected a whole number >= 1"),
+    ("tune", ["--finalists", "-1"], "argument --finalists: expected a whole number >= 1"),
+    ("tune", ["--budget", "inf"], "argument --budget: expected a finite number of seconds > 0"),
+    ("tune", ["--out", ""], "argument --out: '': is empty"),
+    ("tune", ["--out", F], "argument --out: a_file: exists and is not a directory"),
 ]
 
 

@@ -11,7 +11,7 @@ import json
 import pytest
 
 from dcp_a2a.kernels import tuning
-from dcp_a2a.testing import tune
+from dcp_a2a.testing import cli, tune
 
 pytestmark = pytest.mark.kernel
 
@@ -31,7 +31,7 @@ def _fast_lane_one_warp(calls=itertools.count()):
 def test_the_smoke_sweep_writes_a_table_that_gives_the_winner_there_only(tmp_path, capsys,
                                                                         monkeypatch):
     monkeypatch.setattr(tune, "wall_timer", _fast_lane_one_warp())
-    args = tune.build_parser().parse_args(["--smoke", "--out", str(tmp_path)])
+    args = cli.parse(["tune", "--smoke", "--out", str(tmp_path)])
     assert tune.main(args) == 0
     path = tmp_path / "CPU_interpreter.json"
     doc = json.loads(path.read_text())
@@ -73,15 +73,11 @@ def test_a_candidate_as_fast_as_the_table_does_not_replace_it():
 
 def test_the_sweep_refuses_what_it_cannot_do(tmp_path, capsys):
     if not __import__("torch").cuda.is_available():
-        assert tune.main(tune.build_parser().parse_args(["--out", str(tmp_path)])) == 3
-    assert tune.main(tune.build_parser().parse_args(["--smoke"])) == 2
-    assert tune.main(tune.build_parser().parse_args(
-        ["--smoke", "--out", str(tmp_path), "--base", "NO_SUCH.json"])) == 2
+        assert tune.main(cli.parse(["tune", "--out", str(tmp_path)])) == 3
+    assert tune.main(cli.parse(["tune", "--smoke"])) == 2
+    assert tune.main(cli.parse(
+        ["tune", "--smoke", "--out", str(tmp_path), "--base", "NO_SUCH.json"])) == 2
     assert "cannot be read" in capsys.readouterr().err
-    with pytest.raises(SystemExit):
-        tune.build_parser().parse_args(["--confidence", "1.5"])
-    with pytest.raises(SystemExit):
-        tune.build_parser().parse_args(["--rounds", "0"])
 
 
 def test_the_invariance_count_grows_with_a_table_that_adds_launches(monkeypatch):
