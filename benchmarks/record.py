@@ -3,7 +3,7 @@ shapes, the exchange) as a result: run it, then add the run's card, commit, date
 that JSON and write what it printed to the ``.md`` beside it, as the scripts here do themselves.
 
     python benchmarks/record.py docs/results/grid/h100.json -- \\
-        python -m dcp_a2a.testing.bench --grid --out docs/results/grid/h100.json
+        dcp-a2a bench --grid --out docs/results/grid/h100.json
 
 The command's exit status is this one's; nothing is added when it fails or writes no JSON.
 For a command run by torchrun, only rank 0's output is kept by the bench, so record the

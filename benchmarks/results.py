@@ -233,16 +233,24 @@ def _eval_rows(results: dict) -> dict:
 
 
 # where the results' own commands differ in more than their file (the number of ranks)
-COMMANDS = {"collective": "torchrun --standalone --nproc-per-node N -m dcp_a2a.testing.bench "
+COMMANDS = {"collective": "torchrun --standalone --nproc-per-node N -m dcp_a2a bench "
                           "--collective --iters 20"}
+# a run recorded through a program's old module path is the same program of the command line
+OLD_PATHS = {"python -m dcp_a2a.testing.bench": "dcp-a2a bench",
+             "python -m dcp_a2a.testing.selfcheck": "dcp-a2a self-check",
+             "python -m dcp_a2a.testing.accuracy": "dcp-a2a accuracy",
+             "python -m dcp_a2a.testing.tune": "dcp-a2a tune"}
 
 
 def _command(name: str, result: dict) -> str:
     """The result's command, its own file name made the card's placeholder."""
     if name in COMMANDS:
         return COMMANDS[name]
+    command = result["run"]["command"]
+    for old, new in OLD_PATHS.items():
+        command = command.replace(old, new)
     return re.sub(rf"docs/results/{re.escape(name)}/[\w.-]+\.json",
-                  f"docs/results/{name}/CARD.json", result["run"]["command"])
+                  f"docs/results/{name}/CARD.json", command)
 
 
 def summary(results: dict | None = None, evals: bool = False) -> str:

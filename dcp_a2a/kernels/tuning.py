@@ -14,7 +14,7 @@ the rule); ``dcp-a2a tune`` derives a card's table from a sweep on that card.
 The tests run every configuration any shipped table can pick (``every_launch``): the kernels'
 results are bitwise the same under each of them (no FMA contraction, fixed summation order; see
 :mod:`dcp_a2a.kernels.merge_math`), so which card's table a process took never changes a bit.
-The benchmark (``python -m dcp_a2a.testing.bench --sweep``) overrides the table through
+The benchmark (``dcp-a2a bench --sweep``) overrides the table through
 ``OVERRIDES`` to time variants in one run; docs/perf_history.md records what was tried and why
 the H200's rules won. Triton's CPU interpreter keeps a table of its own (``INTERPRETER``).
 """
@@ -524,8 +524,8 @@ _PACK_FIFTH = (Rule(256, 1024, 256, 4), Rule(1024, 1024, 512, 4), Rule(65536, 10
                                                    (0, 0, 1))),
                _PACK_SIXTH[5])
 
-# Tables the benchmark can compare with TABLE in one run, edits of the H200's (``python -m
-# dcp_a2a.testing.bench --grid --tables table,head_per_program``); docs/perf_history.md has
+# Tables the benchmark can compare with TABLE in one run, edits of the H200's (``dcp-a2a bench
+# --grid --tables table,head_per_program``); docs/perf_history.md has
 # the grid where these were chosen.
 CANDIDATES: dict[str, dict[str, tuple[Rule, ...]]] = {
     "table": TABLE,

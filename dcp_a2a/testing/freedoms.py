@@ -20,7 +20,7 @@ Where it differs from :class:`dcp_a2a.reference.contract.ReferenceContract`:
   scope's second form in tolerances.yaml; its accumulator overflows before |y| could);
 * results returned as non-contiguous views.
 
-    python -m dcp_a2a.testing.selfcheck --correct dcp_a2a.testing.freedoms --no-mutants
+    dcp-a2a self-check --correct dcp_a2a.testing.freedoms --no-mutants
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ themselves when nothing is masked (vLLM's does), masked copies otherwise; the ex
 and receive buffers are ``torch.empty`` on every call. No host synchronisation anywhere, so it
 captures in CUDA graphs.
 
-    python -m dcp_a2a.testing.selfcheck --correct dcp_a2a.testing.independent --no-mutants
+    dcp-a2a self-check --correct dcp_a2a.testing.independent --no-mutants
 """
 
 from __future__ import annotations

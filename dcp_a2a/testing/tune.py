@@ -374,7 +374,7 @@ def derive_table(base, choices, card, provenance) -> dict:
                         if (kind,) + _bounds(r) not in shadowed]
     changed = sum(c["chosen"] is not None for c in choices)
     doc = {"format": tuning.TABLE_FORMAT, "card": card,
-           "about": (f"Derived by python -m dcp_a2a.testing.tune on one {card['name']} "
+           "about": (f"Derived by dcp-a2a tune on one {card['name']} "
                      f"({provenance['date'][:10]}, commit {provenance['commit']}): the rules of "
                      f"{' -> '.join(_chain(base.path))} with, in front, an exact rule for each "
                      f"of the {changed} swept problems (of {len(choices)}) where a launch beat "
