@@ -2,14 +2,15 @@
 lse_reduce (packed, a group of one) with every Triton launch replaced by a no-op and every kept
 launch (``launch.Site``) by one that launches nothing, so what is timed is our own host work
 (argument checks, kept keys, staging views, the launch table, building the launch's arguments)
-and not Triton's launcher nor the GPU. Runs on a CPU machine.
+and not Triton's launcher nor the GPU. Runs on any machine (CUDA tensors where there is a GPU,
+no kernel launched all the same).
 
     python benchmarks/benchmark_host_overhead.py [OUT.json] [--calls 20000] [--repeats 7]
         [--profile]
 
-CPU tensors, with the launch table's compiled rules (the GPU's) in force: ``tuning`` is handed
-an ``_env`` that says "compiled" while the argument checks keep the interpreter's (they would
-refuse CPU tensors otherwise). Per op: ``--calls`` back-to-back calls timed by the wall clock,
+On a CPU machine: CPU tensors, with the launch table's compiled rules (the GPU's) in force:
+``tuning`` is handed an ``_env`` that says "compiled" while the argument checks keep the
+interpreter's (they would refuse CPU tensors otherwise). Per op: ``--calls`` back-to-back calls timed by the wall clock,
 ``--repeats`` times, the median us per call. ``--profile`` adds cProfile's top functions by
 own time for each op. The numbers are this machine's: compare before and after on one machine.
 """
@@ -59,17 +60,19 @@ BINDS = (pack, combine)  # the modules that bind a launch's Site
 KERNELS = ((pack, "_pack_kernel"), (pack, "_pack_slab_kernel"), (pack, "_lse_to_wire_kernel"),
            (combine, "combine_rows"), (combine, "_scale_kernel"))
 
-# (B, H, D, N, dtype): two decode rows of the issue
+# (B, H, D, N, dtype): two of the 17 decode rows
 SHAPES = ((64, 128, 512, 8, torch.bfloat16), (64, 32, 128, 4, torch.float32))
 
 
 def ops_at(b, h, d, n, dtype):
-    """{name: zero-argument call} on CPU tensors of one shape."""
+    """{name: zero-argument call} on tensors of one shape: CUDA where there is a GPU (with the
+    interpreter off, the checks refuse CPU tensors), else the CPU."""
     g = torch.Generator().manual_seed(0)
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
     p, hpr = lse_pack_dim(dtype), h // n
-    out = torch.randn((b, h, d), generator=g).to(dtype)
-    lse = torch.randn((b, h), generator=g)
-    send = torch.empty((n, b, hpr, d + p), dtype=dtype)
+    out = torch.randn((b, h, d), generator=g).to(dtype).to(dev)
+    lse = torch.randn((b, h), generator=g).to(dev)
+    send = torch.empty((n, b, hpr, d + p), dtype=dtype, device=dev)
     group = dcp_a2a.Group(1, 0, None)
     return {
         "pack_send": lambda: dcp_a2a.pack_send(out, lse, send, n, hpr, d, p),

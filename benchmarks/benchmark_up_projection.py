@@ -27,8 +27,8 @@ best switch is at or below it.
 ``lse_reduce`` end to end on the real group, with the up-projection in each order and without
 it (the latent merge alone), per B; written for any N.
 
-``--smoke``: the CPU (Triton's interpreter), H=4, L=32, V=8, N=2, B = 1 and 4, two rounds of
-one wall-clock call: checks the script, not the card.
+``--smoke``: H=4, L=32, V=8, N=2, B = 1 and 4, two rounds, on this machine's device (the
+CPU: Triton's interpreter and the wall clock): checks the script, not the card.
 """
 
 from __future__ import annotations
@@ -312,9 +312,9 @@ def main(argv=None) -> int:
         ap.error(f"--heads {args.heads} is not divisible by the DCP sizes {bad}")
     if args.write and args.smoke:
         ap.error("--write stores a card's measured switch point: not from a --smoke run")
-    device = torch.device("cuda" if torch.cuda.is_available() and not args.smoke else "cpu")
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device.type != "cuda" and not args.smoke:
-        ap.error("no CUDA device: the local work's times need a GPU (--smoke runs the CPU)")
+        ap.error("no CUDA device: the local work's times need a GPU (--smoke: the script's structure on the CPU)")
     dtype = DTYPES[args.dtype]
     with _run.recorded(args.out, "up_projection") as save:
         rows = measure(args, device)

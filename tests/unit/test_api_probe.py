@@ -16,7 +16,18 @@ from dcp_a2a.testing.mirror import MirrorGroup
 
 pytestmark = pytest.mark.unit
 
-OUTS, LSES = partials(2, 2, 4, 8, torch.float16)
+# where the kernels run: CUDA on a GPU machine (whose checks refuse CPU tensors: the interpreter
+# is off there), else the CPU
+DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+OUTS, LSES = partials(2, 2, 4, 8, torch.float16, device=DEV)
+
+
+@pytest.fixture(autouse=True)
+def _tensors_on_the_kernels_device():
+    """The calls below make their tensors where the kernels run."""
+    torch.set_default_device(DEV)
+    yield
+    torch.set_default_device(None)
 
 
 def _pack(**change):

@@ -24,7 +24,8 @@ def test_smoke_run_writes_the_report(bench, tmp_path, capsys):
     assert bench.main([str(out), "--smoke"]) == 0
     report = json.loads(out.read_text())
     assert report["shape"] == {"heads": 4, "latent": 32, "value": 8, "dtype": "bfloat16"}
-    assert report["run"]["commit"] and report["card"]["name"].startswith("cpu")
+    assert report["run"]["commit"] and report["card"] == bench.card(torch.device(
+        "cuda" if torch.cuda.is_available() else "cpu"))
     assert "project first from" in out.with_suffix(".md").read_text()
     assert [(r["N"], r["B"]) for r in report["rows"]] == [(2, 1), (2, 4)]
     for r in report["rows"]:

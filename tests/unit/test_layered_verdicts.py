@@ -15,10 +15,12 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import torch
 
 pytestmark = pytest.mark.unit
 
 ROOT = Path(__file__).resolve().parents[2]
+DEV = "cuda" if torch.cuda.is_available() else "cpu"  # the conformance tests' device parameter
 
 ENGINE = '''
 """A merge-only engine: power-of-two head dims, weights exp(s - fl(g)) in fp32 without a
@@ -68,18 +70,18 @@ def test_a_merge_only_engine_is_judged_by_layer(tmp_path):
         return tests[name].get("severity", {}).get("severity")
 
     # a head dim outside the envelope, where the test is about head dims: outside
-    odd = tests["test_head_dims_not_powers_of_two[cpu-torch.float16-80]"]
+    odd = tests[f"test_head_dims_not_powers_of_two[{DEV}-torch.float16-80]"]
     assert odd["outcome"] == "skipped" and odd["text"].startswith(
         "outside the envelope: head dim 80"), odd
     # fp32 outputs at LSEs of 30-50, weights from fl(g): weaker precision, not a defect
-    name = "test_implementation_passes_where_fp32_mutants_fail[cpu]"
+    name = f"test_implementation_passes_where_fp32_mutants_fail[{DEV}]"
     f32 = tests[name]
     assert f32["outcome"] == "failed" and sev(name) == "precision", f32
     assert "exp(s_n - fl(g))" in f32["text"], f32["text"][-600:]
     # a NaN partial through a zero weight: a defect; a NaN LSE let in: a convention
-    z = "test_zero_weight_never_lets_nan_in[cpu-torch.float16]"
+    z = f"test_zero_weight_never_lets_nan_in[{DEV}-torch.float16]"
     assert tests[z]["outcome"] == "failed" and sev(z) == "defect", tests[z]
-    c = "test_nan_and_inf_lses_count_as_minus_inf[cpu-torch.float16]"
+    c = f"test_nan_and_inf_lses_count_as_minus_inf[{DEV}-torch.float16]"
     assert tests[c]["outcome"] == "failed" and sev(c) == "convention", tests[c]
     # the wire: not applicable, neither passed nor failed
     wire = [r for n, r in tests.items() if n.startswith("test_send_buffer_matches_spec")]
