@@ -184,8 +184,8 @@ def run_engine(spec: str, out_dir: Path, tiers: str, workers: str) -> EngineRun:
     for clause in run.clauses:
         mine = [f for f in failures if f.get("clause") == clause]
         if mine:
-            worst = min(rank(f["severity"], f["why"]) for f in mine)
-            tier = [f for f in mine if rank(f["severity"], f["why"]) == worst]
+            worst = min(rank(f["severity"], f["why"], clause) for f in mine)
+            tier = [f for f in mine if rank(f["severity"], f["why"], clause) == worst]
             with_repro = [f for f in tier if (f.get("repro") or {}).get("script")]
             pick = min(with_repro, key=lambda f: f["repro"].get("size", 0)) if with_repro \
                 else tier[0]
@@ -214,7 +214,9 @@ def cell(row: dict | None) -> str:
         extra = f"; {row['outside']} outside envelope" if row["outside"] else ""
         return f"passed ({row['passed']}{extra})"
     if row["not_applicable"]:
-        return "not applicable: " + "; ".join(row["not_applicable_why"])[:80]
+        # each skip names the surfaces its test needs ("wire", "wire, masking"): each once
+        missing = dict.fromkeys(s for why in row["not_applicable_why"] for s in why.split(", "))
+        return "not applicable: " + ", ".join(missing)
     if row.get("limits"):
         return "limit reported"
     if row["outside"]:

@@ -242,7 +242,9 @@ def run_pytest(spec: RunSpec, out_dir: Path, *, impl: str | None, quick: bool,
         died = died_records(events, proc.returncode, str(log_path), tiers_of)
     records += died
     unfinished = []
-    if died or hung or not session:
+    # a session that died, hung, or ended on an internal error (pytest-xdist losing track of a
+    # replaced worker, exit status 3, still prints a summary) leaves selected tests unstarted
+    if died or hung or not session or proc.returncode not in (0, 1, 5):
         began = {e["nodeid"] for e in events if e.get("nodeid")}
         unfinished = [{"nodeid": k, "tiers": v.get("tiers", []), "markers": v.get("markers", []),
                        "reason": UNFINISHED}

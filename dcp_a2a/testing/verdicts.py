@@ -26,15 +26,20 @@ from __future__ import annotations
 SEVERITIES = ("defect", "precision", "limitation", "convention")
 ORDER = {s: i for i, s in enumerate(SEVERITIES)}
 GARBAGE = "bad input accepted"  # how a refusal test says nothing refused (conformance._refusals)
-# within the defects: what can corrupt memory, then wrong numbers from valid input, then bad
-# input let through (an engine's private function that trusts its caller)
+# within the defects: what valid input does first (memory corrupted, a hang, wrong numbers),
+# then what bad input does (memory corrupted, a hang, then bad input let through: an engine's
+# private function that trusts its caller)
 DEFECT_ORDER = ("memory unsafety", "hang", "wrong result", "defect", "garbage accepted")
+BAD_INPUT = "bad input"  # the contract clause of the refusal tests (plugin.CLAUSES)
 
 
-def rank(severity: str, why: str) -> tuple:
-    """Sort key of a failure, worst first."""
+def rank(severity: str, why: str, clause: str | None = None) -> tuple:
+    """Sort key of a failure, worst first; ``clause``: the contract clause of its test."""
+    if severity != "defect":
+        return ORDER[severity], 0
     sub = next((i for i, w in enumerate(DEFECT_ORDER) if why.startswith(w)), len(DEFECT_ORDER))
-    return ORDER[severity], sub if severity == "defect" else 0
+    from_bad_input = clause == BAD_INPUT or why.startswith("garbage accepted")
+    return ORDER[severity], from_bad_input, sub
 IMPL_RAISED = "_dcp_a2a_raised_by_implementation"
 
 # a CUDA error that poisons the context: memory unsafety in the code that ran before it
@@ -148,7 +153,7 @@ def by_severity(failures: list[dict]) -> list[dict]:
     for f in failures:
         sev, why = record_severity(f)
         out.append(f | {"severity": sev, "why": why})
-    return sorted(out, key=lambda f: rank(f["severity"], f["why"]))
+    return sorted(out, key=lambda f: rank(f["severity"], f["why"], f.get("clause")))
 
 
 def clause_table(records: list[dict], clauses) -> list[dict]:

@@ -183,8 +183,33 @@ def test_after_the_hang():
 '''
 
 
+BREAKING = '''\
+import pytest
+
+pytestmark = pytest.mark.kernel
+
+
+def test_that_pytest_loses_track_of():
+    pass
+
+
+def test_after_the_internal_error():
+    pass
+'''
+
+# pytest itself fails mid-session and still prints its summary (pytest-xdist's scheduler
+# raising KeyError for a worker it replaced after a crash: INTERNALERROR, exit status 3)
+BREAKING_CONFTEST = '''
+
+def pytest_runtest_logreport(report):
+    if report.when == "teardown" and report.nodeid.endswith("test_that_pytest_loses_track_of"):
+        raise KeyError("<WorkerController gw4>")
+'''
+
+
 def write_suite(root: Path, *, failing: bool, dying: bool = False,
-                hanging: bool = False, start_s: float = 0, contract_cases: bool = False) -> Path:
+                hanging: bool = False, start_s: float = 0, contract_cases: bool = False,
+                breaking: bool = False) -> Path:
     """A suite of fake tests; ``start_s``: seconds its conftest sleeps at import, before
     collection (what importing torch and initialising CUDA cost on a GPU machine);
     ``contract_cases``: a parametrised conformance test besides."""
@@ -193,7 +218,8 @@ def write_suite(root: Path, *, failing: bool, dying: bool = False,
         (t / sub).mkdir(parents=True, exist_ok=True)
     (root / "pytest.ini").write_text(PYTEST_INI)
     (t / "conftest.py").write_text(
-        (f"import time\ntime.sleep({start_s})\n" if start_s else "") + CONFTEST)
+        (f"import time\ntime.sleep({start_s})\n" if start_s else "") + CONFTEST
+        + (BREAKING_CONFTEST if breaking else ""))
     (t / "unit" / "test_u.py").write_text(UNIT)
     (t / "kernel" / "test_k.py").write_text(KERNEL_PASS)
     if failing:
@@ -202,6 +228,8 @@ def write_suite(root: Path, *, failing: bool, dying: bool = False,
         (t / "kernel" / "test_kdies.py").write_text(DYING)
     if hanging:
         (t / "kernel" / "test_khangs.py").write_text(HANGING)
+    if breaking:
+        (t / "kernel" / "test_kbreaks.py").write_text(BREAKING)
     (t / "numerics" / "test_n.py").write_text(NUMERICS)
     (t / "multigpu" / "test_mg.py").write_text(MULTIGPU)
     (t / "misc" / "test_stray.py").write_text(STRAY)

@@ -243,6 +243,20 @@ def test_a_session_that_dies_names_the_test_and_never_reads_as_a_pass(tmp_path):
     assert "test_that_kills_the_process" in md and "ended before" in md
 
 
+def test_a_session_pytest_ends_early_counts_what_it_never_started(tmp_path):
+    """pytest fails inside itself mid-session (INTERNALERROR, exit status 3) yet prints its
+    summary and the session record: the tests it never started are counted as not run and the
+    tier fails (an engine run goes on with them in a further session)."""
+    suite = write_suite(tmp_path / "suite", failing=False, breaking=True)
+    out = tmp_path / "report"
+    code = cli.main(["validate", "--suite", str(suite), "--out", str(out), "-j", "0",
+                     "--no-progress", "--tiers", "kernel"])
+    rep = json.loads((out / "validation.json").read_text())
+    assert code == 1 and not rep["ok"]
+    kernel = next(t for t in rep["tiers"] if t["name"] == "kernel")
+    assert kernel["status"] == "failed" and kernel["unfinished"] >= 1, kernel
+
+
 def test_a_session_that_hangs_is_stopped_and_names_the_test(tmp_path):
     """No test starts or ends for --stall-timeout seconds: validate stops the session; the test
     that was running fails as a hang, the rest count as never run, the exit status is 1

@@ -74,3 +74,23 @@ def test_failures_come_worst_first_and_clauses_count_what_was_judged():
     assert rows["merge bound"]["outside"] == 1 and rows["merge bound"]["passed"] == 0
     assert rows["envelope"]["limits"] == ["head dim 3: refused (CompilationError: ...)"]
     assert rows["bad input"]["failed"]["convention"] == 1
+
+
+def test_defects_from_valid_input_come_before_defects_from_bad_input():
+    """What valid input does leads (a crash, then wrong numbers); then what bad input does: a
+    crash before bad input merely let through. An engine's column opens with the defects that
+    hit correct callers."""
+    def rec(nodeid, clause, why):
+        return {"nodeid": nodeid, "clause": clause, "outcome": "failed",
+                "severity": {"severity": "defect", "why": why}}
+
+    recs = [rec("let_through", "bad input", "garbage accepted"),
+            rec("crash_on_bad_into", "bad input", "memory unsafety (the worker process died)"),
+            rec("strided_index", "masking", "wrong result"),
+            rec("empty_seq_lens", "masking", "memory unsafety (the worker process died)"),
+            rec("refusal_elsewhere", "caller buffer", "garbage accepted"),
+            {"nodeid": "weaker", "clause": "merge bound", "outcome": "failed",
+             "severity": {"severity": "precision", "why": "precision"}}]
+    assert [f["nodeid"] for f in by_severity(recs)] == [
+        "empty_seq_lens", "strided_index", "crash_on_bad_into", "let_through",
+        "refusal_elsewhere", "weaker"]
