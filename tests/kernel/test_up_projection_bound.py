@@ -118,3 +118,35 @@ def test_bf16_partial_sums_exceed_the_project_first_bound():
     y = lse_weighted_combine(p.to(torch.bfloat16), lses).to(torch.bfloat16)
     rep = check_up_projection(y, None, outs, lses, w, order="before_exchange")
     assert not rep.ok and rep.output.worst_ratio > 2, rep.describe()
+
+
+def _dot_partial_sums_in(x, w, dtype):
+    """x[..., L] @ w[L, V] by recursive summation with every partial sum rounded to ``dtype``
+    (a matmul whose reduction runs in the output dtype)."""
+    acc = torch.zeros(*x.shape[:-1], w.shape[-1], dtype=torch.float64)
+    for k in range(x.shape[-1]):
+        acc = (acc + x[..., k:k + 1].double() * w[k].double()).to(dtype).double()
+    return acc
+
+
+def test_a_dot_summed_in_the_output_dtype_is_weaker_precision_and_a_wrong_head_is_not():
+    """Partial sums rounded to fp16 (a library matmul in fp16): over the derived bound, inside
+    the weaker design's (Higham's gamma_L of fp16), so a verdict of weaker precision; the same
+    inputs projected with the next head's W_UV stay outside every bound: wrong numbers."""
+    from dcp_a2a.testing.compare_projection import weaker_projection
+
+    n, b, h, lat, v, dtype = 3, 2, 4, 32, 16, torch.float16
+    outs, lses = partials(n, b, h, lat, dtype, seed=3)
+    w = (torch.randn(h, lat, v, generator=torch.Generator().manual_seed(3))
+         / math.sqrt(lat)).to(dtype)
+    p = torch.stack([_dot_partial_sums_in(outs[:, :, hh], w[hh], dtype)
+                     for hh in range(h)], dim=2)
+    y = lse_weighted_combine(p.to(dtype), lses).to(dtype)
+    rep = check_up_projection(y, None, outs, lses, w, order="before_exchange")
+    assert not rep.ok, "fp16 partial sums stayed within the fp32-sum bound: no power here"
+    assert weaker_projection(y, None, outs, lses, w, order="before_exchange") \
+        == "dot_in_output_dtype"
+    wrong = lse_weighted_combine(torch.einsum("nbhl,hlv->nbhv", outs.double(),
+                                              w.roll(1, dims=0).double()).to(dtype), lses)
+    assert weaker_projection(wrong.to(dtype), None, outs, lses, w,
+                             order="before_exchange") is None

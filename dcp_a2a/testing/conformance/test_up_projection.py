@@ -26,11 +26,13 @@ import pytest
 import torch
 
 from dcp_a2a import Group
-from dcp_a2a.testing.compare_projection import check_up_projection, projection_bounds
+from dcp_a2a.testing.compare_projection import (WEAKER_PROJECTIONS, check_up_projection,
+                                                projection_bounds, weaker_projection)
 from dcp_a2a.testing.conformance._refusals import TripwireGroup, refused
 from dcp_a2a.testing.data import assert_unmodified, heads_of, partials, snapshot
 from dcp_a2a.testing.mirror import MirrorGroup
 from dcp_a2a.testing.replaygroup import ReplayGroup, run_ranks
+from dcp_a2a.testing.verdicts import Precision
 
 pytestmark = [pytest.mark.kernel, pytest.mark.conformance, pytest.mark.clause("up-projection"),
               pytest.mark.needs("lse_reduce")]
@@ -89,6 +91,14 @@ def _check_ranks(request, impl, results, logs, outs, lses, w, *, base_e, return_
                                   lses, w.to(outs.device), order=order,
                                   is_lse_base_on_e=base_e, heads=heads_of(r, n, h))
         _record(request, rep, impl)
+        if not rep.ok:
+            weaker = weaker_projection(out.to(outs.device), lse, outs, lses, w.to(outs.device),
+                                       order=order, is_lse_base_on_e=base_e,
+                                       heads=heads_of(r, n, h))
+            if weaker is not None:  # right numbers, a known less precise design
+                raise Precision(f"rank {r}, {order}:\n{rep.describe()}\nweaker precision: "
+                                f"{rep.worst_ratio:.3g}x the derived bound, within the bound "
+                                f"of a {WEAKER_PROJECTIONS[weaker][2]}")
         assert rep.ok, f"rank {r}, {order}:\n{rep.describe()}"
     return order
 
