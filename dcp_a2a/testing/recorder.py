@@ -173,7 +173,8 @@ def pytest_collection_modifyitems(session, config, items):
     if prefix and _writes_collection(config):
         _atomic_write_json(Path(prefix + ".collection.json"), {
             "selected": [{"nodeid": i.nodeid, "tiers": dict(i.user_properties).get("dcp_tiers", []),
-                          "markers": dict(i.user_properties).get("dcp_markers", [])}
+                          "markers": dict(i.user_properties).get("dcp_markers", []),
+                          "clause": dict(i.user_properties).get("dcp_clause")}
                          for i in keep],
             "dropped": dropped,
         })

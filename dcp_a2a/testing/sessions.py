@@ -241,6 +241,9 @@ def run_pytest(spec: RunSpec, out_dir: Path, *, impl: str | None, quick: bool,
     else:
         died = died_records(events, proc.returncode, str(log_path), tiers_of)
     records += died
+    for r in records:  # a crashed worker's record (pytest-xdist's) lacks its test's clause
+        if not r.get("clause") and (selected.get(r["nodeid"]) or {}).get("clause"):
+            r["clause"] = selected[r["nodeid"]]["clause"]
     unfinished = []
     # a session that died, hung, or ended on an internal error (pytest-xdist losing track of a
     # replaced worker, exit status 3, still prints a summary) leaves selected tests unstarted

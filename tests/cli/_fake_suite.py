@@ -157,6 +157,7 @@ def test_before_the_death():
     pass
 
 
+@pytest.mark.clause("masking")
 def test_that_kills_the_process():
     os._exit(7)  # what a segfault or an illegal CUDA access does to pytest: no report at all
 

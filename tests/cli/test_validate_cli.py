@@ -232,6 +232,7 @@ def test_a_session_that_dies_names_the_test_and_never_reads_as_a_pass(tmp_path):
     (died,) = [f for f in rep["failures"]]
     assert died["nodeid"].endswith("test_kdies.py::test_that_kills_the_process")
     assert died["phase"] == "crash"
+    assert died["clause"] == "masking"  # from the collection: the dead process recorded nothing
     assert "died while this test ran (exit status 7)" in died["message"]
     kernel = next(t for t in rep["tiers"] if t["name"] == "kernel")
     assert kernel["status"] == "failed" and kernel["unfinished"] >= 1
