@@ -35,7 +35,9 @@ STAND_INS = {"my_engine.dcp_adapter": "dcp_a2a.reference.contract",
              "my_pkg.suspect_impl": "dcp_a2a.testing.mutants.lse_halves_swapped",
              "table,NAME": "table", "NAME": "smollm2", "SPEC": "dcp_a2a.reference.contract",
              # a folder the reader names: one that exists (an input folder must)
-             "DIR": "."}
+             "DIR": ".",
+             # where the docs have the reader download the engines' wheels (docs/engines.md)
+             "/tmp/engines": "."}
 ENTRY_POINTS = {"dcp-a2a": "dcp_a2a.testing.cli", "dcp-a2a-bench": "dcp_a2a.testing.bench",
                 "dcp_a2a": "dcp_a2a.testing.cli"}
 
