@@ -205,6 +205,17 @@ def existing_path(value: str) -> str:
     return value
 
 
+def existing_file(value: str) -> str:
+    """A file that exists."""
+    path = Path(value).expanduser()
+    if not value.strip():
+        raise argparse.ArgumentTypeError("is empty (name a file)")
+    if not path.is_file():
+        raise argparse.ArgumentTypeError(
+            f"{value}: {'not a file' if path.exists() else 'no such file'}")
+    return value
+
+
 # --------------------------------------------------------------------------- other values
 
 def workers(value: str):

@@ -106,7 +106,9 @@ def _release_dir(value: str) -> Path:
 # a path for a folder read), so the program reads it as before.
 SHARED_TYPES = {("out", "DIR"): a.out_dir, ("tiers", "T1,T2"): _tiers,
                 ("workers", "N"): a.processes, ("releases", "DIR"): _release_dir,
-                ("engine", "SPEC"): a.text("an implementation spec")}
+                ("engine", "SPEC"): a.text("an implementation spec"),
+                ("doc", "FILE"): lambda v: Path(a.existing_file(v)),
+                ("from_report", "JSON"): lambda v: Path(a.existing_file(v))}
 
 
 def _share_rules(parser: argparse.ArgumentParser) -> None:

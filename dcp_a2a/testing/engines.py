@@ -61,6 +61,10 @@ class EngineRun:
     defects: list = field(default_factory=list)   # every defect, worst first
 
 
+DOC_BEGIN = "<!-- engines table: {where} -->"
+DOC_END = "<!-- end of the engines table: {where} -->"
+
+
 def add_arguments(p) -> None:
     p.add_argument("--engine", action="append", default=None, metavar="SPEC",
                    help="an engine to run, as --impl takes it (vllm, sglang:ag_rs_mha, "
@@ -78,6 +82,14 @@ def add_arguments(p) -> None:
     p.add_argument("-j", "--workers", default="2", metavar="N",
                    help="pytest-xdist workers of each engine's run (default 2; at least 1: a "
                         "worker that crashes is replaced, the run goes on)")
+    p.add_argument("--doc", type=Path, default=None, metavar="FILE",
+                   help="also put the table and each engine's defects (no reproducers: the "
+                        "report folder keeps them) in FILE, between its markers "
+                        f"'{DOC_BEGIN.format(where='CPU')}' and "
+                        f"'{DOC_END.format(where='CPU')}' (GPU on a GPU machine)")
+    p.add_argument("--from-report", type=Path, default=None, metavar="JSON",
+                   help="run nothing: render an earlier run's engines.json (with --doc: into "
+                        "FILE, under the machine it ran on)")
 
 
 def _column(spec: str) -> str:
@@ -224,7 +236,18 @@ def cell(row: dict | None) -> str:
     return "skipped" if row["skipped"] else "not run"
 
 
-def render_markdown(runs: list[EngineRun], machine: str) -> str:
+def write_doc(doc: Path, md: str, machine: str) -> None:
+    """Put ``md`` between ``doc``'s markers of this kind of machine (CPU or GPU)."""
+    where = "CPU" if machine.startswith("CPU") else "GPU"
+    begin, end = DOC_BEGIN.format(where=where), DOC_END.format(where=where)
+    text = doc.read_text()
+    if text.count(begin) != 1 or text.count(end) != 1 or text.index(begin) > text.index(end):
+        raise ValueError(f"{doc}: expected one '{begin}' and one '{end}' after it")
+    head, rest = text.split(begin, 1)
+    doc.write_text(f"{head}{begin}\n\n{md.strip()}\n\n{end}{rest.split(end, 1)[1]}")
+
+
+def render_markdown(runs: list[EngineRun], machine: str, reproducers: bool = True) -> str:
     ran = [r for r in runs if r.status == "ran"]
     L = [f"## Engine x clause ({machine})", ""]
     if ran:
@@ -270,7 +293,7 @@ def render_markdown(runs: list[EngineRun], machine: str) -> str:
                 continue
             L += [f"**{c}**: {SEVERITY_WORDS[w['severity']]} ({w['why']}), `{w['nodeid']}`",
                   "", f"> {w['message']}", ""]
-            if w["repro"]:
+            if w["repro"] and reproducers:
                 L += ["```python", w["repro"].rstrip(), "```", ""]
     return "\n".join(L) + "\n"
 
@@ -293,6 +316,14 @@ def _machine() -> str:
 def main(args) -> int:
     """Exit status: 0 every engine ran and passed, 1 some engine failed a clause, 5 no engine
     could be run here, 2 usage error."""
+    if args.from_report is not None:
+        rep = json.loads(Path(args.from_report).read_text())
+        runs = [EngineRun(**r) for r in rep["runs"]]
+        md = render_markdown(runs, rep["machine"], reproducers=args.doc is None)
+        if args.doc is not None:
+            write_doc(args.doc, md, rep["machine"])
+        print(md)
+        return 0
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     specs = [(s, None) for s in args.engine] if args.engine else default_specs(args.releases)
@@ -313,6 +344,8 @@ def main(args) -> int:
     (out / "engines.json").write_text(json.dumps(
         {"schema": "dcp_a2a.engines/1", "machine": machine,
          "runs": [asdict(r) for r in runs]}, indent=1))
+    if args.doc is not None:
+        write_doc(args.doc, render_markdown(runs, machine, reproducers=False), machine)
     print(md)
     print(f"report: {out / 'engines.md'}  {out / 'engines.json'}")
     ran = [r for r in runs if r.status == "ran"]

@@ -202,6 +202,8 @@ ROWS = [
     ("engines", ["--tiers", "bogus"], "argument --tiers: unknown tier 'bogus'"),
     ("engines", ["--releases", "/nonexistent"], "argument --releases: /nonexistent: no such "
                                                 "directory"),
+    ("engines", ["--doc", "/nonexistent.md"], "argument --doc: /nonexistent.md: no such file"),
+    ("engines", ["--from-report", "."], "argument --from-report: .: not a file"),
     # tune
     ("tune", ["--confidence", "1"], "argument --confidence: expected a confidence above 0 and "
                                     "below 1, got '1'"),
