@@ -67,13 +67,14 @@ non_negative_int = count(0)
 
 
 def number(lo: float | None = None, hi: float | None = None, *, lo_open: bool = False,
-           what: str = "a number"):
-    """A finite number in [``lo``, ``hi``] (``lo_open``: above ``lo``)."""
+           hi_open: bool = False, what: str = "a number"):
+    """A finite number in [``lo``, ``hi``] (``lo_open``: above ``lo``; ``hi_open``: below
+    ``hi``)."""
     parts = []
     if lo is not None:
         parts.append(f"{'>' if lo_open else '>='} {lo:g}")
     if hi is not None:
-        parts.append(f"<= {hi:g}")
+        parts.append(f"{'<' if hi_open else '<='} {hi:g}")
     allowed = f"a finite {what}" + (f" {' and '.join(parts)}" if parts else "")
 
     def parse(value: str) -> float:
@@ -82,7 +83,7 @@ def number(lo: float | None = None, hi: float | None = None, *, lo_open: bool = 
         except (ValueError, TypeError):
             x = math.nan
         if not math.isfinite(x) or (lo is not None and (x <= lo if lo_open else x < lo)) or (
-                hi is not None and x > hi):
+                hi is not None and (x >= hi if hi_open else x > hi)):
             raise argparse.ArgumentTypeError(f"expected {allowed}, got {value!r}")
         return x
 

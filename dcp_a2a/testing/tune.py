@@ -512,17 +512,6 @@ def _table_out(value: str) -> Path:
     return Path(a.out_file(value) if value.endswith(".json") else a.out_dir(value))
 
 
-def _confidence(value: str) -> float:
-    try:
-        x = float(value)
-    except ValueError:
-        x = float("nan")
-    if not 0 < x < 1:  # refuses nan too
-        raise argparse.ArgumentTypeError(f"expected a confidence above 0 and below 1, "
-                                         f"got {value!r}")
-    return x
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from . import args as a
 
@@ -539,7 +528,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--finalists", type=a.positive_int, default=3,
                         help="candidates a problem that go on to the deciding rounds")
     parser.add_argument("--confidence", default=0.95,
-                        type=_confidence,
+                        type=a.number(0, 1, lo_open=True, hi_open=True, what="confidence"),
                         help="a candidate wins where this interval of its ratio is below 1")
     parser.add_argument("--budget", type=a.seconds(), default=420.0,
                         help="seconds: a problem not started by then is left out")

@@ -205,9 +205,9 @@ ROWS = [
     ("engines", ["--doc", "/nonexistent.md"], "argument --doc: /nonexistent.md: no such file"),
     ("engines", ["--from-report", "."], "argument --from-report: .: not a file"),
     # tune
-    ("tune", ["--confidence", "1"], "argument --confidence: expected a confidence above 0 and "
-                                    "below 1, got '1'"),
-    ("tune", ["--confidence", "nan"], "argument --confidence: expected a confidence"),
+    ("tune", ["--confidence", "1"], "argument --confidence: expected a finite confidence > 0 "
+                                    "and < 1, got '1'"),
+    ("tune", ["--confidence", "nan"], "argument --confidence: expected a finite confidence"),
     ("tune", ["--rounds", "1"], "argument --rounds: expected a whole number >= 2, got '1'"),
     ("tune", ["--screen-rounds", "0"], "argument --screen-rounds: expected a whole number >= 1"),
     ("tune", ["--finalists", "-1"], "argument --finalists: expected a whole number >= 1"),
