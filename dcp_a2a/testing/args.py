@@ -38,7 +38,19 @@ class Parser(argparse.ArgumentParser):
         if os.environ.get("RANK", "0") == "0":
             print(f"{self.prog}: error: {message} (see {self.prog} --help)", file=sys.stderr,
                   flush=True)
+        elif os.environ.get("TORCHELASTIC_RUN_ID"):
+            # torchrun stops every rank as soon as one exits with an error: a silent rank that
+            # got here first (rank 0 still importing torch on a loaded machine) would take rank
+            # 0's line with it. Rank 0 parses the same arguments and exits 2 in a moment;
+            # torchrun then stops this one.
+            import time
+
+            time.sleep(RANK_WAIT_S)
         raise SystemExit(EXIT_USAGE)
+
+
+# how long a silent rank waits for rank 0 to print the usage error (torchrun ends it earlier)
+RANK_WAIT_S = 120
 
 
 def _whole(value: str) -> int | None:

@@ -275,6 +275,27 @@ def test_only_rank_0_prints_under_torchrun(tripwire, capsys, monkeypatch):
         assert len(capsys.readouterr().err.splitlines()) == lines
 
 
+def test_a_silent_rank_leaves_rank_0_time_to_print(tripwire, capsys, monkeypatch):
+    """torchrun stops every rank once one exits with an error: a silent rank that exits at once
+    can take rank 0's line with it (rank 0 slower to start on a loaded machine, and no line at
+    all). Under torchrun a silent rank waits for torchrun to stop it; rank 0 does not wait."""
+    import time
+
+    from dcp_a2a.testing import args, cli
+
+    waited = []
+    monkeypatch.setattr(time, "sleep", waited.append)
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "x")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    for rank, waits in (("1", [args.RANK_WAIT_S]), ("0", [])):
+        waited.clear()
+        monkeypatch.setenv("RANK", rank)
+        with pytest.raises(SystemExit):
+            cli.main(["accuracy", "--shapes", "bogus"])
+        assert waited == waits, rank
+    assert args.RANK_WAIT_S >= 60  # long enough for a rank's torch import on a loaded machine
+
+
 def _run(*argv, env=None, timeout=300):
     full = {k: v for k, v in os.environ.items() if k not in ("DCP_A2A_IMPL", "RANK",
                                                              "WORLD_SIZE")}
