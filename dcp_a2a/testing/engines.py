@@ -236,14 +236,21 @@ def cell(row: dict | None) -> str:
     return "skipped" if row["skipped"] else "not run"
 
 
-def write_doc(doc: Path, md: str, machine: str) -> None:
-    """Put ``md`` between ``doc``'s markers of this kind of machine (CPU or GPU)."""
+def doc_markers(doc: Path, machine: str) -> tuple[str, str]:
+    """The markers in ``doc`` between which a table of this kind of machine (CPU or GPU)
+    goes; ValueError naming them when ``doc`` lacks them."""
     where = "CPU" if machine.startswith("CPU") else "GPU"
     begin, end = DOC_BEGIN.format(where=where), DOC_END.format(where=where)
     text = doc.read_text()
     if text.count(begin) != 1 or text.count(end) != 1 or text.index(begin) > text.index(end):
         raise ValueError(f"{doc}: expected one '{begin}' and one '{end}' after it")
-    head, rest = text.split(begin, 1)
+    return begin, end
+
+
+def write_doc(doc: Path, md: str, machine: str) -> None:
+    """Put ``md`` between ``doc``'s markers of this kind of machine."""
+    begin, end = doc_markers(doc, machine)
+    head, rest = doc.read_text().split(begin, 1)
     doc.write_text(f"{head}{begin}\n\n{md.strip()}\n\n{end}{rest.split(end, 1)[1]}")
 
 
@@ -316,6 +323,15 @@ def _machine() -> str:
 def main(args) -> int:
     """Exit status: 0 every engine ran and passed, 1 some engine failed a clause, 5 no engine
     could be run here, 2 usage error."""
+    if args.doc is not None:  # before any run: a doc without its place is a usage error
+        try:
+            machine = _machine()
+            if args.from_report is not None:
+                machine = json.loads(Path(args.from_report).read_text())["machine"]
+            doc_markers(args.doc, machine)
+        except (ValueError, KeyError) as e:
+            print(f"dcp-a2a engines: error: argument --doc: {e}", file=sys.stderr)
+            return 2
     if args.from_report is not None:
         rep = json.loads(Path(args.from_report).read_text())
         runs = [EngineRun(**r) for r in rep["runs"]]

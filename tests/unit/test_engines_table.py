@@ -47,3 +47,41 @@ def test_the_markdown_leads_with_defects_and_shows_reproducers():
     assert "`sglang:fi_a2a`: needs >= 2 CUDA GPUs" in md
     assert md.index("**Defects (1)**") < md.index("```python")
     assert "impl.pack_send(...)" in md
+
+
+def test_a_report_renders_into_its_place_in_a_doc_and_nowhere_else(tmp_path, capsys):
+    """--from-report --doc: the table goes between the markers of the machine it ran on
+    (reproducers left in the report folder), replaces what was there, leaves the rest of the
+    doc alone; a doc without the markers is a usage error before any work."""
+    import json
+    from dataclasses import asdict
+
+    from dcp_a2a.testing import cli
+
+    run = EngineRun(spec="vllm=/x/vllm.whl", name="vllm (release)", status="ran",
+                    described="vLLM 0.34.0", surfaces=["wire"], wall_s=1.0)
+    run.clauses = {"masking": _row("masking", passed=1, failed={"defect": 1})}
+    run.worst = {"masking": {"nodeid": "t::strided", "severity": "defect", "why": "wrong result",
+                             "message": "12 of 72 wire words differ", "clause": "masking",
+                             "repro": "impl.pack_send(...)\n"}}
+    report = tmp_path / "engines.json"
+    report.write_text(json.dumps({"machine": "CPU, Triton 3.8.0 interpreter",
+                                  "runs": [asdict(run)]}))
+    doc = tmp_path / "engines.md"
+    doc.write_text("# Results\n<!-- engines table: CPU -->\nold\n<!-- end of the engines table: "
+                   "CPU -->\nafter\n<!-- engines table: GPU -->\n<!-- end of the engines table:"
+                   " GPU -->\n")
+    for _ in range(2):  # a second write replaces the first
+        assert cli.main(["engines", "--from-report", str(report), "--doc", str(doc)]) == 0
+    text = doc.read_text()
+    cpu = text.split("<!-- engines table: CPU -->")[1].split("<!-- end of the engines table")[0]
+    assert "| masking | **failed**: 1 defect (of 2) |" in cpu and "old" not in text
+    assert text.count("## Engine x clause") == 1 and "impl.pack_send" not in text
+    assert text.endswith("after\n<!-- engines table: GPU -->\n<!-- end of the engines table: "
+                         "GPU -->\n")
+    bare = tmp_path / "bare.md"
+    bare.write_text("# no place for a table\n")
+    capsys.readouterr()
+    assert cli.main(["engines", "--from-report", str(report), "--doc", str(bare)]) == 2
+    assert "argument --doc" in capsys.readouterr().err and bare.read_text() == \
+        "# no place for a table\n"
