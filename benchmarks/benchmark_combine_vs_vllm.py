@@ -33,14 +33,11 @@ runs: 23-36 s for the 17 unpack rows of three variants; here two ops and the lar
 """
 from __future__ import annotations
 
-import ast
-import importlib.util
 import json
 import re
 import statistics
 import sys
 import time
-import zipfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -51,6 +48,7 @@ import dcp_a2a  # noqa: E402  (first: it picks Triton's interpreter on a machine
 import torch  # noqa: E402
 from dcp_a2a.kernels import tuning  # noqa: E402
 from dcp_a2a.testing import bench, eager, tune, timing  # noqa: E402
+from dcp_a2a.testing.adapters import _release  # noqa: E402
 
 import _run  # noqa: E402
 
@@ -70,68 +68,17 @@ SMOKE_DECODE = [(1, 4, 8, 2, "float16")]
 SMOKE_COPY = [(2, 4, 8, 2, "bfloat16")]
 
 
-def _source(path) -> tuple[str, str]:
-    """(text of vLLM's ``dcp.py``, where it was read) from a wheel, a package tree or the file."""
-    path = Path(path)
-    if path.is_dir():
-        file = path / ENGINE_MEMBER
-        if not file.is_file():
-            raise ValueError(f"{path} has no {ENGINE_MEMBER}")
-        return file.read_text(), str(file)
-    if zipfile.is_zipfile(path):
-        with zipfile.ZipFile(path) as z:
-            try:
-                return z.read(ENGINE_MEMBER).decode(), f"{path.name}:{ENGINE_MEMBER}"
-            except KeyError:
-                raise ValueError(f"{path.name} has no {ENGINE_MEMBER}") from None
-    if path.is_file():
-        return path.read_text(), str(path)
-    raise ValueError(f"{path}: neither a wheel, a package tree nor vLLM's dcp.py")
-
-
-def load_engine(path, workdir):
-    """The module of ``ENGINE_NAMES`` read from vLLM's release ``path`` (decorators kept):
-    through the engines' loader (``dcp_a2a.testing.adapters._release``) where this checkout
-    has it, else written to ``workdir`` so Triton can read the kernels' source. ValueError
-    naming what is missing."""
-    try:
-        from dcp_a2a.testing.adapters import _release
-    except ImportError:
-        _release = None
-    if _release is not None:
-        return _release.load(path, [_release.Part(ENGINE_MEMBER, ENGINE_NAMES)],
-                             prelude=_PRELUDE, tag="vllm_dcp_bench")
-    source, where = _source(path)
-    lines = source.splitlines(keepends=True)
-    found = {}
-    for node in ast.parse(source).body:
-        if isinstance(node, ast.FunctionDef) and node.name in ENGINE_NAMES:
-            first = min([d.lineno for d in node.decorator_list] + [node.lineno]) - 1
-            found[node.name] = "".join(lines[first:node.end_lineno])
-    missing = [n for n in ENGINE_NAMES if n not in found]
-    if missing:
-        raise ValueError(f"{where} defines no {', '.join(missing)} (vLLM's {ENGINE_MEMBER} "
-                         "expected)")
-    file = Path(workdir) / "vllm_dcp_engine.py"
-    file.write_text(_PRELUDE + "\n\n".join(found[n] for n in ENGINE_NAMES))
-    spec = importlib.util.spec_from_file_location("vllm_dcp_engine", file)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def load_engine(path):
+    """The module of ``ENGINE_NAMES`` read by name from vLLM's release ``path`` (a wheel, a
+    package tree or its ``dcp.py``) through the engines' loader; ValueError naming what is
+    missing."""
+    return _release.load(path, [_release.Part(ENGINE_MEMBER, ENGINE_NAMES)],
+                         prelude=_PRELUDE, tag="vllm_dcp_bench")
 
 
 def release_version(path) -> str | None:
     """The wheel's version (its METADATA), else None."""
-    path = Path(path)
-    if not zipfile.is_zipfile(path):
-        return None
-    with zipfile.ZipFile(path) as z:
-        for name in z.namelist():
-            if name.endswith(".dist-info/METADATA") and name.count("/") == 1:
-                for line in z.read(name).decode("utf-8", "replace").splitlines():
-                    if line.startswith("Version:"):
-                        return line.split(":", 1)[1].strip()
-    return None
+    return _release.Release(path).version()
 
 
 def _median_ratio(a, b):
@@ -327,7 +274,7 @@ def main(argv=None) -> int:
     run = _run.provenance()
     out = args.out if args.out.suffix == ".json" else args.out / f"{card_stem(run['card'])}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    engine = load_engine(args.engine, out.parent)
+    engine = load_engine(args.engine)
     t0 = time.time()
     copy_gbps = bench.copy_bandwidth() if device == "cuda" and not args.smoke else None
     decode = []

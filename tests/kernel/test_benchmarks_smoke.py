@@ -101,14 +101,14 @@ def test_the_comparison_reads_vllms_file_or_tree_and_names_what_it_lacks(tmp_pat
     cmp = _script("benchmark_combine_vs_vllm")
     file = tmp_path / "dcp.py"
     file.write_text(_STAND_IN)
-    assert callable(cmp.load_engine(file, tmp_path)._dcp_a2a_unpack_combine)
+    assert callable(cmp.load_engine(file)._dcp_a2a_unpack_combine)
     tree = tmp_path / "tree" / "vllm" / "v1" / "attention" / "ops"
     tree.mkdir(parents=True)
     (tree / "dcp.py").write_text(_STAND_IN)
-    assert callable(cmp.load_engine(tmp_path / "tree", tmp_path)._dcp_a2a_pack_send)
+    assert callable(cmp.load_engine(tmp_path / "tree")._dcp_a2a_pack_send)
     lacking = _wheel(tmp_path, _STAND_IN.replace("def _dcp_a2a_pack_send(", "def other("))
     with pytest.raises(ValueError, match=r"defines no _dcp_a2a_pack_send\b"):
-        cmp.load_engine(lacking, tmp_path)
+        cmp.load_engine(lacking)
     with pytest.raises(SystemExit):
         cmp.main([str(file), str(tmp_path), "--rounds", "1"])
 
