@@ -79,6 +79,16 @@ class _Coordinator:
         out = out.reshape((self.world_size,) + size).movedim(0, dim)
         return out.reshape(size[:dim] + (self.world_size * size[dim],) + size[dim + 1:])
 
+    def _scatter(self, input_: torch.Tensor, dim: int) -> torch.Tensor:
+        """The sum over ranks of ``input_``, this rank's chunk along ``dim`` (a view)."""
+        if dim < 0:
+            dim += input_.dim()
+        inp = input_.movedim(dim, 0).contiguous()
+        out = torch.empty((inp.shape[0] // self.world_size,) + inp.shape[1:], dtype=inp.dtype,
+                          device=inp.device)
+        _reduce_scatter_into(out, inp, self.device_group)
+        return out.movedim(0, dim)
+
 
 class VllmCoordinator(_Coordinator):
     """vLLM's GroupCoordinator, as ``dcp.py`` of vLLM 0.34.0 uses it: ``all_gather`` and
@@ -95,13 +105,7 @@ class VllmCoordinator(_Coordinator):
     def reduce_scatter(self, input_: torch.Tensor, dim: int = -1) -> torch.Tensor:
         if self.world_size == 1:
             return input_
-        if dim < 0:
-            dim += input_.dim()
-        inp = input_.movedim(dim, 0).contiguous()
-        out = torch.empty((inp.shape[0] // self.world_size,) + inp.shape[1:], dtype=inp.dtype,
-                          device=inp.device)
-        _reduce_scatter_into(out, inp, self.device_group)
-        return out.movedim(0, dim).contiguous()
+        return self._scatter(input_, dim).contiguous()
 
 
 class SglangCoordinator(_Coordinator):
@@ -132,10 +136,4 @@ class SglangCoordinator(_Coordinator):
     def reduce_scatter_along_dim(self, input_: torch.Tensor, dim: int = -1) -> torch.Tensor:
         if self.world_size == 1:
             return input_
-        if dim < 0:
-            dim += input_.dim()
-        inp = input_.movedim(dim, 0).contiguous()
-        out = torch.empty((inp.shape[0] // self.world_size,) + inp.shape[1:], dtype=inp.dtype,
-                          device=inp.device)
-        _reduce_scatter_into(out, inp, self.device_group)
-        return out.movedim(0, dim)
+        return self._scatter(input_, dim)
