@@ -20,6 +20,14 @@ def pick_variant(engine: str, variant: str | None, variants: dict) -> str:
     return variant
 
 
+def refuse_release(spec: str, source, why: str) -> None:
+    """ValueError where a release (``source``) is given for ``spec``, a variant that runs only
+    on the installed engine because ``why``."""
+    if source is not None:
+        raise ValueError(f"{spec} has no release form: {why} (use --impl {spec} with the engine "
+                         "installed)")
+
+
 def installed_version(dist_name: str) -> str:
     try:
         return importlib.metadata.version(dist_name)

@@ -49,7 +49,8 @@ import torch
 
 from ..surfaces import Envelope, Unsupported
 from . import ENGINE_VARIANTS, GPUS_NEEDED, _release
-from ._common import cuda_gpus, installed_root, installed_version, pick_variant, require_gpus
+from ._common import cuda_gpus, installed_root, installed_version, pick_variant, refuse_release, \
+    require_gpus
 
 FOLLOWS = "FlashInfer 0.7.4"
 GET = "pip download --no-deps flashinfer-python==0.7.4 -d DIR"
@@ -213,10 +214,8 @@ def adapter(variant=None, source=None):
     variant = pick_variant("flashinfer", variant, VARIANTS)
     cls = MergeStateChain if variant == "merge_state" else Cascade
     if variant == "a2a":
-        if source is not None:
-            raise ValueError("flashinfer:a2a has no release form: decode_cp_a2a_lse_reduce is "
-                             "FlashInfer's compiled CUDA op (use --impl flashinfer:a2a with "
-                             "FlashInfer installed)")
+        refuse_release("flashinfer:a2a", source, "decode_cp_a2a_lse_reduce is FlashInfer's "
+                       "compiled CUDA op")
         require_gpus("flashinfer:a2a", GPUS_NEEDED[("flashinfer", "a2a")],
                      "decode_cp_a2a_lse_reduce exchanges over NCCL symmetric memory")
     if source is not None:

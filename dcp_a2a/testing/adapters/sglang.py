@@ -75,7 +75,7 @@ import torch
 from ..surfaces import Envelope, Unsupported
 from . import ENGINE_VARIANTS, GPUS_NEEDED, _release
 from ._common import import_names, installed_root, installed_version, pick_variant, \
-    require_gpus
+    refuse_release, require_gpus
 from ._coordinators import SglangCoordinator
 
 KERNELS, COMM = "sglang.kernels.ops.attention.dcp_kernels", "sglang.srt.layers.dcp.comm"
@@ -307,10 +307,8 @@ def adapter(variant=None, source=None):
     """The implementation object of ``--impl sglang[:VARIANT][=PATH]``."""
     variant = pick_variant("sglang", variant, VARIANTS)
     if variant == "fi_a2a":
-        if source is not None:
-            raise ValueError("sglang:fi_a2a has no release form: its workspace init needs "
-                             "SGLang's runtime and FlashInfer installed (use --impl "
-                             "sglang:fi_a2a)")
+        refuse_release("sglang:fi_a2a", source, "its workspace init needs SGLang's runtime and "
+                       "FlashInfer")
         require_gpus("sglang:fi_a2a", GPUS_NEEDED[("sglang", "fi_a2a")],
                      "FlashInfer's MNNVL all-to-all, Blackwell GPUs in one NVLink domain")
     ops_engine = _from_release(variant, source) if source is not None else _installed(variant)

@@ -58,7 +58,7 @@ from __future__ import annotations
 from ..surfaces import Envelope, Unsupported
 from . import ENGINE_VARIANTS, GPUS_NEEDED, _release
 from ._common import import_names, installed_root, installed_version, pick_variant, \
-    require_gpus
+    refuse_release, require_gpus
 from ._coordinators import VllmCoordinator
 
 MODULE = "vllm.v1.attention.ops.dcp"
@@ -235,16 +235,13 @@ def adapter(variant=None, source=None):
     """The implementation object of ``--impl vllm[:VARIANT][=PATH]``."""
     variant = pick_variant("vllm", variant, VARIANTS)
     if variant == "ag_rs":
-        if source is not None:
-            raise ValueError("vllm:ag_rs has no release form: cp_lse_ag_out_rs launches its "
-                             "kernel through vLLM's JIT warm-up launcher (VllmTritonJitKernel), "
-                             "which only an installed vLLM provides (use --impl vllm:ag_rs)")
+        refuse_release("vllm:ag_rs", source, "cp_lse_ag_out_rs launches its kernel through "
+                       "vLLM's JIT warm-up launcher (VllmTritonJitKernel), which only an "
+                       "installed vLLM provides")
         return AgRs(*_installed(AG_RS_NAMES))
     if variant == "direct":
-        if source is not None:
-            raise ValueError("vllm:direct has no release form: it runs vLLM's compiled op "
-                             "torch.ops._C.direct_dcp_a2a_lse_reduce (use --impl vllm:direct "
-                             "with vLLM installed)")
+        refuse_release("vllm:direct", source, "it runs vLLM's compiled op "
+                       "torch.ops._C.direct_dcp_a2a_lse_reduce")
         require_gpus("vllm:direct", GPUS_NEEDED[("vllm", "direct")],
                      "DirectDCPA2AWorkspace exchanges through torch symmetric memory")
         ops_engine = _installed(DIRECT_NAMES)
