@@ -87,9 +87,10 @@ def add_arguments(p) -> None:
                         "report folder keeps them) in FILE, between its markers "
                         f"'{DOC_BEGIN.format(where='CPU')}' and "
                         f"'{DOC_END.format(where='CPU')}' (GPU on a GPU machine)")
-    p.add_argument("--from-report", type=Path, default=None, metavar="JSON",
-                   help="run nothing: render an earlier run's engines.json (with --doc: into "
-                        "FILE, under the machine it ran on)")
+    p.add_argument("--from-report", type=Path, nargs="+", default=None, metavar="JSON",
+                   help="run nothing: render earlier runs' engines.json files as one table "
+                        "(runs of one engine each, on one machine; with --doc: into FILE, "
+                        "under the machine they ran on)")
 
 
 def _column(spec: str) -> str:
@@ -320,24 +321,51 @@ def _machine() -> str:
     return f"CPU, Triton {tv} interpreter, torch {torch.__version__}"
 
 
+def read_reports(paths) -> tuple[str, list[EngineRun]]:
+    """(machine, runs) of earlier runs' engines.json files, in the order given; ValueError where
+    one is not such a report, where they ran on different machines, or where two hold the same
+    engine spec (one table keeps one column an engine)."""
+    machine, runs, seen = None, [], {}
+    for path in paths:
+        try:
+            rep = json.loads(Path(path).read_text())
+            here = rep["machine"]
+            more = [EngineRun(**r) for r in rep["runs"]]
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise ValueError(f"{path}: not an engines.json of dcp-a2a engines ({e})") from None
+        if machine is not None and here != machine:
+            raise ValueError(f"{path} ran on {here!r}, {paths[0]} on {machine!r}: one table "
+                             "holds one machine's runs")
+        machine = here
+        for r in more:
+            if r.spec in seen:
+                raise ValueError(f"{r.spec} is in both {seen[r.spec]} and {path}")
+            seen[r.spec] = path
+        runs += more
+    return machine, runs
+
+
 def main(args) -> int:
     """Exit status: 0 every engine ran and passed, 1 some engine failed a clause, 5 no engine
     could be run here, 2 usage error."""
+    reports = None
+    if args.from_report is not None:
+        try:
+            reports = read_reports(args.from_report)
+        except ValueError as e:
+            print(f"dcp-a2a engines: error: argument --from-report: {e}", file=sys.stderr)
+            return 2
     if args.doc is not None:  # before any run: a doc without its place is a usage error
         try:
-            machine = _machine()
-            if args.from_report is not None:
-                machine = json.loads(Path(args.from_report).read_text())["machine"]
-            doc_markers(args.doc, machine)
+            doc_markers(args.doc, reports[0] if reports else _machine())
         except (ValueError, KeyError) as e:
             print(f"dcp-a2a engines: error: argument --doc: {e}", file=sys.stderr)
             return 2
-    if args.from_report is not None:
-        rep = json.loads(Path(args.from_report).read_text())
-        runs = [EngineRun(**r) for r in rep["runs"]]
-        md = render_markdown(runs, rep["machine"], reproducers=args.doc is None)
+    if reports is not None:
+        machine, runs = reports
+        md = render_markdown(runs, machine, reproducers=args.doc is None)
         if args.doc is not None:
-            write_doc(args.doc, md, rep["machine"])
+            write_doc(args.doc, md, machine)
         print(md)
         return 0
     out = Path(args.out).resolve()

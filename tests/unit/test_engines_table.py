@@ -85,3 +85,35 @@ def test_a_report_renders_into_its_place_in_a_doc_and_nowhere_else(tmp_path, cap
     assert cli.main(["engines", "--from-report", str(report), "--doc", str(bare)]) == 2
     assert "argument --doc" in capsys.readouterr().err and bare.read_text() == \
         "# no place for a table\n"
+
+
+def test_reports_of_one_engine_each_render_as_one_table(tmp_path, capsys):
+    """--from-report with several reports (engines run one at a time): one table, a column
+    each; reports of different machines, or one engine twice, are a usage error."""
+    import json
+    from dataclasses import asdict
+
+    from dcp_a2a.testing import cli
+
+    def report(name, spec, machine="1 x NVIDIA H200, torch 2.11.0"):
+        run = EngineRun(spec=spec, name=spec, status="ran", described=spec, surfaces=["wire"],
+                        wall_s=1.0)
+        run.clauses = {"masking": _row("masking", passed=2)}
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps({"machine": machine, "runs": [asdict(run)]}))
+        return str(path)
+
+    one, two = report("one", "vllm=/w/v.whl"), report("two", "sglang=/w/s.whl")
+    capsys.readouterr()
+    assert cli.main(["engines", "--from-report", one, two]) == 0
+    md = capsys.readouterr().out
+    header = next(line for line in md.splitlines() if line.startswith("| clause"))
+    assert "vllm=/w/v.whl" in header and "sglang=/w/s.whl" in header
+    cpu = report("cpu", "flashinfer=/w/f.whl", machine="CPU, Triton 3.8.0 interpreter")
+    assert cli.main(["engines", "--from-report", one, cpu]) == 2
+    assert "one table holds one machine's runs" in capsys.readouterr().err
+    assert cli.main(["engines", "--from-report", one, report("again", "vllm=/w/v.whl")]) == 2
+    assert "vllm=/w/v.whl is in both" in capsys.readouterr().err
+    (tmp_path / "junk.json").write_text("[]")
+    assert cli.main(["engines", "--from-report", str(tmp_path / "junk.json")]) == 2
+    assert "not an engines.json" in capsys.readouterr().err
