@@ -197,36 +197,30 @@ def out_file(value: str) -> str:
     return value
 
 
+def _existing(value: str, what: str, is_it) -> str:
+    """``value`` where ``is_it(path)`` holds; else why not, naming ``what`` was expected."""
+    if not value.strip():
+        raise argparse.ArgumentTypeError(f"is empty (name a {what})")
+    path = Path(value).expanduser()
+    if not is_it(path):
+        raise argparse.ArgumentTypeError(
+            f"{value}: {f'not a {what}' if path.exists() else f'no such {what}'}")
+    return value
+
+
 def existing_dir(value: str) -> str:
     """A directory that exists."""
-    path = Path(value).expanduser()
-    if not value.strip():
-        raise argparse.ArgumentTypeError("is empty (name a directory)")
-    if not path.is_dir():
-        raise argparse.ArgumentTypeError(
-            f"{value}: {'not a directory' if path.exists() else 'no such directory'}")
-    return value
+    return _existing(value, "directory", Path.is_dir)
 
 
 def existing_path(value: str) -> str:
     """A file or directory that exists."""
-    path = Path(value).expanduser()
-    if not value.strip():
-        raise argparse.ArgumentTypeError("is empty (name a file or directory)")
-    if not path.exists():
-        raise argparse.ArgumentTypeError(f"{value}: no such file or directory")
-    return value
+    return _existing(value, "file or directory", Path.exists)
 
 
 def existing_file(value: str) -> str:
     """A file that exists."""
-    path = Path(value).expanduser()
-    if not value.strip():
-        raise argparse.ArgumentTypeError("is empty (name a file)")
-    if not path.is_file():
-        raise argparse.ArgumentTypeError(
-            f"{value}: {'not a file' if path.exists() else 'no such file'}")
-    return value
+    return _existing(value, "file", Path.is_file)
 
 
 # --------------------------------------------------------------------------- other values
