@@ -154,7 +154,10 @@ def run_engine(spec: str, out_dir: Path, tiers: str, workers: str) -> EngineRun:
     safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in spec.partition("=")[0])
     target = out_dir / safe
     t0 = time.monotonic()
+    from .retire import NOT_RUN
+
     records: dict[str, dict] = {}
+    left: dict[str, dict] = {}
     for part in range(MAX_SESSIONS):
         # a session an engine's crash or a worker's loss ended early goes on in the next one,
         # without the tests that ran (the crashed one included: it has its record)
@@ -175,12 +178,17 @@ def run_engine(spec: str, out_dir: Path, tiers: str, workers: str) -> EngineRun:
             break
         rep = json.loads(rep_path.read_text())
         run.report = str(rep_path)
-        fresh = [r for r in rep.get("tests") or [] if r["nodeid"] not in records]
+        tests = [r for r in rep.get("tests") or [] if r["nodeid"] not in records]
+        # skipped in a process whose CUDA context an earlier test destroyed (a session in one
+        # process: no worker to hand them to): not run, so the next session runs them
+        left = {r["nodeid"]: r for r in tests if (r.get("text") or "").startswith(NOT_RUN)}
+        fresh = [r for r in tests if r["nodeid"] not in left]
         records.update({r["nodeid"]: r for r in fresh})
-        unfinished = sum(t.get("unfinished", 0) for t in rep.get("tiers") or [])
+        unfinished = sum(t.get("unfinished", 0) for t in rep.get("tiers") or []) + len(left)
         run.sessions = part + 1
         if not unfinished or not fresh:
             break
+    records.update(left)  # those no session got to: counted as the skips they are
     run.wall_s = time.monotonic() - t0
     if not records:
         run.status = "not run"

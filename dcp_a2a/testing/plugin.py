@@ -23,7 +23,7 @@ import torch
 
 import dcp_a2a  # noqa: F401  (chooses compiled or interpreted Triton before any kernel exists)
 
-from . import poolgroup, repro
+from . import poolgroup, repro, retire
 from .cores import THREADS_ENV, thread_share
 from .impl import (DEFAULT_SPEC, ENV_VAR, MissingFunction, load_impl,
                    missing_function_message, resolve_spec)
@@ -111,6 +111,10 @@ def pytest_configure(config):
         spec = os.environ[ENV_VAR]
         share_cores(int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
     poolgroup.configure(config)
+    # a worker whose CUDA context the code under test destroyed hands its tests on (xdist) or
+    # skips them as not run (one process)
+    if not config.pluginmanager.is_registered(retire):
+        config.pluginmanager.register(retire, "dcp_a2a.testing.retire")
     # workers (xdist, the rank pools) inherit the choice through the environment
     os.environ[ENV_VAR] = spec
 
@@ -167,21 +171,13 @@ def _impl_under_test():
     return load_impl(os.environ[ENV_VAR])
 
 
-# the test after which this process's CUDA context was lost (an illegal access in the code under
-# test poisons it: every later CUDA call fails with the same error)
-_LOST_CONTEXT: list[str] = []
-
-
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item):
     """Skip before the test (and any pool of ranks) starts: ``needs(name, ...)`` a function the
     implementation lacks; a surface it does not expose ("not applicable: SURFACE", only for
-    tests that take the ``impl`` fixture: the project's own tests judge dcp_a2a); a process
-    whose GPU context an earlier test's memory unsafety destroyed."""
+    tests that take the ``impl`` fixture: the project's own tests judge dcp_a2a). (A process
+    whose CUDA context an earlier test destroyed: :mod:`.retire`.)"""
     repro.clear()
-    if _LOST_CONTEXT:
-        pytest.skip(f"not run: this process lost its CUDA context to memory unsafety in "
-                    f"{_LOST_CONTEXT[0]}")
     names = [n for m in item.iter_markers("needs") for n in m.args]
     uses_impl = "impl" in getattr(item, "fixturenames", ())
     if names or uses_impl:
@@ -212,7 +208,7 @@ def pytest_runtest_makereport(item, call):
     if severity == "defect" and why == "wrong result" and item.get_closest_marker("convention"):
         severity, why = "convention", "convention"
     if severity == "defect" and why == "memory unsafety" and torch.cuda.is_available():
-        _LOST_CONTEXT.append(item.nodeid)
+        retire.lost(item.nodeid)
     clause = item.get_closest_marker("clause")
     report.user_properties.append(("severity", {"severity": severity, "why": why}))
     if clause:
