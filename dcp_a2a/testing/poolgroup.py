@@ -10,6 +10,7 @@ Here the workers name the pool's tests in a file and the controller's scheduler 
 scheduler, through xdist's ``pytest_xdist_make_scheduler`` hook) reads it: the pool's tests are
 one unit of work again, whatever the pytest version; xdist's own suffix still counts where it
 takes. xdist's scope reordering hands the largest unit out first, so the pool starts at once.
+The scheduler also keeps a worker that joins late from waiting for a second test for ever.
 """
 
 from __future__ import annotations
@@ -77,5 +78,26 @@ def make_scheduler(config, log):
             if self.pooled is None:  # first called once every worker's collection is in
                 self.pooled = named(where)
             return GROUP if nodeid in self.pooled else super()._split_scope(nodeid)
+
+        def _reschedule(self, node) -> None:
+            # Workers that replace ones that ended (.retire), three cases xdist's loadscope
+            # scheduler gets wrong (each an internal error or a wait to the end of the session):
+            # one still collecting has no collection to be handed tests from (its own
+            # collection's arrival schedules it); one that has ended, before xdist has read its
+            # end, cannot be sent tests (OSError: what it was handed goes back to the queue when
+            # its end is read); and a worker starts a test only once it holds the next one or
+            # has been told to stop, so a late one must not hold a single test.
+            if node not in self.registered_collections:
+                return
+            try:
+                super()._reschedule(node)
+                while (not node.shutting_down and node in self.assigned_work
+                       and self._pending_of(self.assigned_work[node]) < 2):
+                    if not self.workqueue:
+                        node.shutdown()
+                        break
+                    self._assign_work_unit(node)
+            except OSError:
+                return
 
     return PoolGroupScheduling(config, log)
