@@ -154,7 +154,7 @@ def run_engine(spec: str, out_dir: Path, tiers: str, workers: str) -> EngineRun:
     safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in spec.partition("=")[0])
     target = out_dir / safe
     t0 = time.monotonic()
-    from .retire import NOT_RUN
+    from .lostcontext import NOT_RUN
 
     records: dict[str, dict] = {}
     left: dict[str, dict] = {}

@@ -23,7 +23,7 @@ import torch
 
 import dcp_a2a  # noqa: F401  (chooses compiled or interpreted Triton before any kernel exists)
 
-from . import poolgroup, repro, retire
+from . import lostcontext, poolgroup, repro
 from .cores import THREADS_ENV, thread_share
 from .impl import (DEFAULT_SPEC, ENV_VAR, MissingFunction, load_impl,
                    missing_function_message, resolve_spec)
@@ -111,10 +111,9 @@ def pytest_configure(config):
         spec = os.environ[ENV_VAR]
         share_cores(int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
     poolgroup.configure(config)
-    # a worker whose CUDA context the code under test destroyed hands its tests on (xdist) or
-    # skips them as not run (one process)
-    if not config.pluginmanager.is_registered(retire):
-        config.pluginmanager.register(retire, "dcp_a2a.testing.retire")
+    # a process whose CUDA context the code under test destroyed runs no further test
+    if not config.pluginmanager.is_registered(lostcontext):
+        config.pluginmanager.register(lostcontext, "dcp_a2a.testing.lostcontext")
     # workers (xdist, the rank pools) inherit the choice through the environment
     os.environ[ENV_VAR] = spec
 
@@ -176,7 +175,7 @@ def pytest_runtest_setup(item):
     """Skip before the test (and any pool of ranks) starts: ``needs(name, ...)`` a function the
     implementation lacks; a surface it does not expose ("not applicable: SURFACE", only for
     tests that take the ``impl`` fixture: the project's own tests judge dcp_a2a). (A process
-    whose CUDA context an earlier test destroyed: :mod:`.retire`.)"""
+    whose CUDA context an earlier test destroyed: :mod:`.lostcontext`.)"""
     repro.clear()
     names = [n for m in item.iter_markers("needs") for n in m.args]
     uses_impl = "impl" in getattr(item, "fixturenames", ())
@@ -208,7 +207,7 @@ def pytest_runtest_makereport(item, call):
     if severity == "defect" and why == "wrong result" and item.get_closest_marker("convention"):
         severity, why = "convention", "convention"
     if severity == "defect" and why == "memory unsafety" and torch.cuda.is_available():
-        retire.lost(item.nodeid)
+        lostcontext.lost(item.nodeid)
     clause = item.get_closest_marker("clause")
     report.user_properties.append(("severity", {"severity": severity, "why": why}))
     if clause:

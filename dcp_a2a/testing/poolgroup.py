@@ -10,7 +10,7 @@ Here the workers name the pool's tests in a file and the controller's scheduler 
 scheduler, through xdist's ``pytest_xdist_make_scheduler`` hook) reads it: the pool's tests are
 one unit of work again, whatever the pytest version; xdist's own suffix still counts where it
 takes. xdist's scope reordering hands the largest unit out first, so the pool starts at once.
-The scheduler also keeps a worker that joins late from waiting for a second test for ever.
+The scheduler also hands tests right to workers that replace crashed ones.
 """
 
 from __future__ import annotations
@@ -73,21 +73,42 @@ def make_scheduler(config, log):
 
     class PoolGroupScheduling(LoadGroupScheduling):
         pooled: set[str] | None = None
+        holding = False
 
         def _split_scope(self, nodeid: str) -> str:
             if self.pooled is None:  # first called once every worker's collection is in
                 self.pooled = named(where)
             return GROUP if nodeid in self.pooled else super()._split_scope(nodeid)
 
+        def remove_node(self, node):
+            # loadscope puts a dead worker's unfinished units back in the queue, the test it
+            # died in included: that test crashed the next worker too, and the next, until
+            # xdist gave up replacing them and the session ended (an engine's segfault on the
+            # CPU). It has its record (xdist's crash report); it is not run again.
+            # (xdist hands the queue out again within remove_node: held until the test is out)
+            self.holding = True
+            try:
+                crashitem = super().remove_node(node)
+            finally:
+                self.holding = False
+            for scope, unit in list(self.workqueue.items()):
+                if crashitem in unit:
+                    unit[crashitem] = True
+                    if all(unit.values()):
+                        del self.workqueue[scope]
+            for other in list(self.assigned_work):
+                self._reschedule(other)
+            return crashitem
+
         def _reschedule(self, node) -> None:
-            # Workers that replace ones that ended (.retire), three cases xdist's loadscope
-            # scheduler gets wrong (each an internal error or a wait to the end of the session):
-            # one still collecting has no collection to be handed tests from (its own
-            # collection's arrival schedules it); one that has ended, before xdist has read its
-            # end, cannot be sent tests (OSError: what it was handed goes back to the queue when
-            # its end is read); and a worker starts a test only once it holds the next one or
-            # has been told to stop, so a late one must not hold a single test.
-            if node not in self.registered_collections:
+            # Workers that replace crashed ones (an engine's segfault), three cases xdist's
+            # loadscope scheduler gets wrong, each an internal error that ends the session or a
+            # wait to its end: one still collecting has no collection to be handed tests from
+            # (its own collection's arrival schedules it); one that has died, before xdist has
+            # read its end, cannot be sent tests (OSError: what it was handed goes back to the
+            # queue when its end is read); and a worker starts a test only once it holds the
+            # next one or has been told to stop, so a late one must not hold a single test.
+            if self.holding or node not in self.registered_collections:
                 return
             try:
                 super()._reschedule(node)

@@ -47,7 +47,6 @@ from pathlib import Path
 
 import pytest
 
-from .retire import RETIRED
 from .tiers import OTHER_CODE, TIERS
 
 
@@ -215,8 +214,6 @@ class _Recorder:
 
     @pytest.hookimpl
     def pytest_runtest_logreport(self, report):
-        if getattr(report, RETIRED, False):  # not started: it runs on another worker
-            return
         rec = self.pending.setdefault(report.nodeid, {
             "event": "test", "nodeid": report.nodeid, "outcome": None, "phase": None,
             "tiers": [], "markers": [],

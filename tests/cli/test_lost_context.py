@@ -1,8 +1,9 @@
 """A test that destroys its process's CUDA context (an illegal access in the code under test)
-keeps its own verdict, and every other test still runs: under xdist the worker retires and a
-fresh one takes its tests; in one process the rest is skipped as not run, and ``dcp-a2a
-engines`` runs it in a further session. (dcp_a2a.testing.retire; the loss is declared the way
-the plugin declares it on a CUDA machine, so the CPU runs the same path.)"""
+keeps its own verdict, and the tests after it in that process are not run, never judged;
+``dcp-a2a engines`` runs them in a further session (dcp_a2a.testing.lostcontext: the loss is
+declared the way the plugin declares it on a CUDA machine, so the CPU runs the same path). And a
+test that kills its worker outright (an engine's segfault) is its worker's only casualty: xdist
+replaces the worker, the crashed test runs once, the others all run."""
 
 from __future__ import annotations
 
@@ -15,37 +16,49 @@ from pathlib import Path
 import pytest
 
 from dcp_a2a.testing import engines
-from dcp_a2a.testing.retire import NOT_RUN
+from dcp_a2a.testing.lostcontext import NOT_RUN
 
-pytestmark = [pytest.mark.unit, pytest.mark.slow]  # an xdist session: seconds
+pytestmark = [pytest.mark.unit, pytest.mark.slow]  # xdist sessions: seconds
 
-TESTS = '''\
+LOSES = '''\
+import time
+
+import pytest
+
+from dcp_a2a.testing import lostcontext
+
+
+def test_a_loses_the_context(request):
+    lostcontext.lost(request.node.nodeid)
+    raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+
+@pytest.mark.parametrize("i", range(10))
+def test_b_after(i):
+    time.sleep(0.2)
+'''
+
+CRASHES = '''\
 import os
 import time
 
 import pytest
 
-from dcp_a2a.testing import retire
 
-
-# two, so that two workers retire together and their replacements join at once
+# two, so that two workers die together and their replacements join at once
 @pytest.mark.parametrize("k", range(2))
-def test_a_loses_the_context(request, k):
-    retire.lost(request.node.nodeid)
-    raise RuntimeError("CUDA error: an illegal memory access was encountered")
+def test_a_kills_its_worker(k):
+    os._exit(11)
 
 
-# long enough that the worker replacing the retired one joins while tests are left to hand out
 @pytest.mark.parametrize("i", range(10))
 def test_b_after(i):
-    time.sleep(1.5)
+    time.sleep(1.0)
 '''
-
 
 # the first replacement collects slowly, so the second one finishes collecting first (xdist
 # then handed tests to the first before it had a collection: KeyError, an internal error)
 CONFTEST = '''\
-import os
 import time
 
 
@@ -55,10 +68,11 @@ def pytest_collection_modifyitems(config, items):
 '''
 
 
-def _session(tmp_path: Path, *xdist: str) -> tuple[subprocess.CompletedProcess, list[dict]]:
+def _session(tmp_path: Path, tests: str, *xdist: str
+             ) -> tuple[subprocess.CompletedProcess, list[dict]]:
     suite = tmp_path / "suite"
     suite.mkdir()
-    (suite / "test_lost.py").write_text(TESTS)
+    (suite / "test_it.py").write_text(tests)
     (suite / "conftest.py").write_text(CONFTEST)
     (suite / "pytest.ini").write_text("[pytest]\n")
     prefix = tmp_path / "report"
@@ -67,36 +81,43 @@ def _session(tmp_path: Path, *xdist: str) -> tuple[subprocess.CompletedProcess, 
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "dcp_a2a.testing.plugin",
          "-p", "dcp_a2a.testing.recorder", "--dcp-report", str(prefix), *xdist,
-         "test_lost.py"], cwd=suite, env=env, capture_output=True, text=True, timeout=300)
+         "test_it.py"], cwd=suite, env=env, capture_output=True, text=True, timeout=300)
     lines = Path(str(prefix) + ".results.jsonl").read_text().splitlines()
     return proc, [r for r in map(json.loads, lines) if r.get("event") == "test"]
 
 
-def test_under_xdist_fresh_workers_run_the_rest(tmp_path):
-    proc, records = _session(tmp_path, "-n", "3", "--dist", "loadgroup")
-    log = proc.stdout + proc.stderr
-    assert proc.returncode == 1, log  # the two failures; not an internal error (3)
-    ids = [r["nodeid"] for r in records]
-    assert len(ids) == len(set(ids)) == 12, log  # one record a test: none for a non-start
-    by_id = {r["nodeid"]: r for r in records}
-    lost = [by_id.pop(f"test_lost.py::test_a_loses_the_context[{k}]") for k in range(2)]
-    for rec in lost:
-        assert rec["outcome"] == "failed" and "illegal memory access" in rec["message"], rec
-        # the worker that lost its context ran nothing after it
-        assert not [r for r in by_id.values()
-                    if r["worker"] == rec["worker"] and r["t"] > rec["t"]], records
-    assert all(r["outcome"] == "passed" for r in by_id.values()), by_id
-    # (whether the replacements join while tests are left is up to the machine's load; when
-    # they do, a hang of theirs shows as this session's timeout)
-
-
 def test_in_one_process_the_rest_is_not_run(tmp_path):
-    proc, records = _session(tmp_path, "-p", "no:xdist")
+    proc, records = _session(tmp_path, LOSES, "-p", "no:xdist")
     by_id = {r["nodeid"]: r for r in records}
-    assert by_id.pop("test_lost.py::test_a_loses_the_context[0]")["outcome"] == "failed"
-    assert len(by_id) == 11 and all(
+    lost = by_id.pop("test_it.py::test_a_loses_the_context")
+    assert lost["outcome"] == "failed" and "illegal memory access" in lost["message"], lost
+    assert len(by_id) == 10 and all(
         r["outcome"] == "skipped" and r["text"].startswith(NOT_RUN) for r in by_id.values()), \
         proc.stdout
+
+
+def test_under_xdist_the_other_workers_go_on(tmp_path):
+    proc, records = _session(tmp_path, LOSES, "-n", "2", "--dist", "loadgroup")
+    by_id = {r["nodeid"]: r for r in records}
+    assert len(records) == len(by_id) == 11, proc.stdout
+    lost = by_id.pop("test_it.py::test_a_loses_the_context")
+    for r in by_id.values():
+        after_on_that_worker = r["worker"] == lost["worker"] and r["t"] > lost["t"]
+        assert (r["outcome"], r["text"].startswith(NOT_RUN)) == (
+            ("skipped", True) if after_on_that_worker else ("passed", False)), r
+
+
+def test_crashed_workers_are_replaced_and_their_tests_run_once(tmp_path):
+    proc, records = _session(tmp_path, CRASHES, "-n", "3", "--dist", "loadgroup")
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 1, log  # the two crashes; not an internal error (3)
+    ids = [r["nodeid"] for r in records]
+    assert len(ids) == len(set(ids)) == 12, log  # the crashed tests are not run again
+    by_id = {r["nodeid"]: r for r in records}
+    for k in range(2):
+        crash = by_id.pop(f"test_it.py::test_a_kills_its_worker[{k}]")
+        assert crash["outcome"] == "failed" and crash["phase"] == "crash", crash
+    assert all(r["outcome"] == "passed" for r in by_id.values()), by_id
 
 
 def test_engines_run_what_a_lost_context_left_in_a_further_session(tmp_path, monkeypatch):
