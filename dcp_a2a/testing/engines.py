@@ -179,8 +179,8 @@ def run_engine(spec: str, out_dir: Path, tiers: str, workers: str) -> EngineRun:
         rep = json.loads(rep_path.read_text())
         run.report = str(rep_path)
         tests = [r for r in rep.get("tests") or [] if r["nodeid"] not in records]
-        # skipped in a process whose CUDA context an earlier test destroyed (a session in one
-        # process: no worker to hand them to): not run, so the next session runs them
+        # skipped in a process whose CUDA context an earlier test destroyed: not run, so the
+        # next session runs them, in fresh processes
         left = {r["nodeid"]: r for r in tests if (r.get("text") or "").startswith(NOT_RUN)}
         fresh = [r for r in tests if r["nodeid"] not in left]
         records.update({r["nodeid"]: r for r in fresh})
