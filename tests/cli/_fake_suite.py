@@ -3,6 +3,9 @@ validate pipeline can be checked end to end in a few seconds."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 PYTEST_INI = """\
@@ -237,3 +240,15 @@ def write_suite(root: Path, *, failing: bool, dying: bool = False,
     if contract_cases:
         (t / "unit" / "test_contract.py").write_text(CONTRACT_CASES)
     return root
+
+
+def run_with_plugin(suite: Path, *args: str, env: dict | None = None
+                    ) -> subprocess.CompletedProcess:
+    """pytest on ``suite`` (a directory with its own pytest.ini) in a subprocess, with the suite's
+    plugin loaded and this checkout on the path: how validate runs a foreign suite, in small."""
+    root = Path(__file__).resolve().parents[2]
+    env = dict(os.environ if env is None else env, PYTHONPATH=os.pathsep.join(
+        [str(root), os.environ.get("PYTHONPATH", "")]))
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "dcp_a2a.testing.plugin",
+         *args], cwd=suite, env=env, capture_output=True, text=True, timeout=300)

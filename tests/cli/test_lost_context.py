@@ -8,15 +8,15 @@ replaces the worker, the crashed test runs once, the others all run."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from dcp_a2a.testing import engines
 from dcp_a2a.testing.lostcontext import NOT_RUN
+
+from ._fake_suite import run_with_plugin
 
 pytestmark = [pytest.mark.unit, pytest.mark.slow]  # xdist sessions: seconds
 
@@ -76,12 +76,8 @@ def _session(tmp_path: Path, tests: str, *xdist: str
     (suite / "conftest.py").write_text(CONFTEST)
     (suite / "pytest.ini").write_text("[pytest]\n")
     prefix = tmp_path / "report"
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH", "")]))
-    proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "dcp_a2a.testing.plugin",
-         "-p", "dcp_a2a.testing.recorder", "--dcp-report", str(prefix), *xdist,
-         "test_it.py"], cwd=suite, env=env, capture_output=True, text=True, timeout=300)
+    proc = run_with_plugin(suite, "-p", "dcp_a2a.testing.recorder", "--dcp-report", str(prefix),
+                           *xdist, "test_it.py")
     lines = Path(str(prefix) + ".results.jsonl").read_text().splitlines()
     return proc, [r for r in map(json.loads, lines) if r.get("event") == "test"]
 

@@ -6,11 +6,10 @@ every worker started a pool of its own."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
+
+from ._fake_suite import run_with_plugin
 
 pytestmark = [pytest.mark.unit, pytest.mark.slow]  # an xdist session: seconds
 
@@ -64,13 +63,8 @@ def test_the_pool_tests_share_one_worker_and_start_first(tmp_path):
     (suite / "conftest.py").write_text(CONFTEST)
     (suite / "test_pool.py").write_text(TESTS)
     (suite / "pytest.ini").write_text("[pytest]\n")
-    env = dict(os.environ, POOL_GROUP_LOG=str(log),
-               PYTHONPATH=os.pathsep.join([str(Path(__file__).resolve().parents[2]),
-                                           os.environ.get("PYTHONPATH", "")]))
-    proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p",
-         "dcp_a2a.testing.plugin", "-n", "2", "--dist", "loadgroup", "test_pool.py"],
-        cwd=suite, env=env, capture_output=True, text=True, timeout=300)
+    proc = run_with_plugin(suite, "-q", "-n", "2", "--dist", "loadgroup", "test_pool.py",
+                           env=dict(os.environ, POOL_GROUP_LOG=str(log)))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     ran = {p.name: p.read_text().split() for p in log.iterdir()}
     pooled = {w: [t for t in tests if t.startswith("test_on_the_pool")]
