@@ -173,7 +173,9 @@ def combine_rows(
             tl.store(lse_out_ptr + b * HPR + h, g, mask=row_ok)
 
 
-@triton.jit
+# ``rank`` only picks the LSE a row is scaled by: left unspecialised, the ranks share one
+# compiled kernel where Triton would compile rank 0, rank 1 and the rest apart
+@triton.jit(do_not_specialize=["rank"])
 def _scale_kernel(
     out_ptr, out_bits_ptr, lse_all_ptr, dst_ptr, dst_bits_ptr, lse_out_ptr,
     B, H, HPR, D, rank,

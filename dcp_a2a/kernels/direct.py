@@ -54,7 +54,9 @@ def _acquire_load(ptr, ASM: tl.constexpr):
         return tl.atomic_add(ptr, 0, sem="acquire", scope="sys")
 
 
-@triton.jit
+# ``rank`` only addresses (the flag a program raises): left unspecialised, the ranks share one
+# compiled kernel where Triton would compile rank 0, rank 1 and the rest apart
+@triton.jit(do_not_specialize=["rank"])
 def _pack_to_peers_kernel(
     out_bits_ptr, lse_ptr, recv_bits_ptr, peer_recv_ptrs, peer_flag_ptrs, counter_ptr, epoch_ptr,
     seq_lens_ptr, qsl_ptr,
@@ -121,8 +123,8 @@ def pack_to_peers(out, lse, tables, seq_lens=None, query_start_loc=None) -> None
     """Step 1 for ``out[B, H, D]``, ``lse[B, H]`` into the peers' buffers of ``tables``
     (a :class:`dcp_a2a.symm_mem.PeerTables`; B >= 1, B <= its capacity, H and D its own)."""
     B, H, D = out.shape
-    sl, qsl, num_seqs, steps, has_mask = mask_args(seq_lens, query_start_loc, out)
     src, lanes, lanes_p, paired = lanes_of(out, tables.lse_lanes)
+    sl, qsl, num_seqs, steps, has_mask = mask_args(seq_lens, query_start_loc, src)
     recv = tables.recv_lanes(paired)
     cfg = pack_launch(B, H, lanes, tables.world_size)
     _pack_to_peers_kernel[cfg.grid(B, H)](

@@ -251,7 +251,9 @@ def _pack_slab_kernel(
 def mask_args(seq_lens, query_start_loc, like: torch.Tensor):
     if seq_lens is None:
         # HAS_MASK=False: the pointers are never read, so pass a tensor we already have (a
-        # fresh placeholder was a fill kernel per call: half the time of a decode-size pack)
+        # fresh placeholder was a fill kernel per call: half the time of a decode-size pack).
+        # The pointer's type is part of the compiled specialisation: callers pass the lanes
+        # they move, so float16 and bfloat16 (both int32 words) share one compiled kernel.
         return like, like, 0, 0, False
     n = seq_lens.numel()
     # the kernels read entry i at the tensor's address + i: a view with strides (a rank's
@@ -315,10 +317,10 @@ def pack(out, lse, send, h_per_rank, seq_lens=None, query_start_loc=None, with_s
     B, H, D = out.shape
     if B == 0 or H == 0:
         return None
-    sl, qsl, num_seqs, steps, has_mask = mask_args(seq_lens, query_start_loc, out)
+    src, lanes, lanes_p, paired = lanes_of(out, send.shape[-1] - D)
+    sl, qsl, num_seqs, steps, has_mask = mask_args(seq_lens, query_start_loc, src)
     if has_mask and (sl is not seq_lens or qsl is not query_start_loc):
         with_site = False  # a Site relaunches with the caller's index addresses, not the copies
-    src, lanes, lanes_p, paired = lanes_of(out, send.shape[-1] - D)
     dst = send.view(torch.int32) if paired else bits(send)
     cfg = pack_launch(B, H, lanes, H // h_per_rank, slab_fits(src, lanes, lanes_p, h_per_rank))
     wide = needs_int64(src, lse, dst)
