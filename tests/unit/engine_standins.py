@@ -321,6 +321,30 @@ _INTERNALS = {
 }
 
 # engine -> (distribution name in a wheel's file name, version, {member: source})
+# vLLM 0.30.0-0.33.0: the same packed all-to-all, without out= and without the up-projection op
+# (a ``replace`` for the vLLM stand-in)
+VLLM_EARLIER = {
+    "is_lse_base_on_e,\n                            out=None):\n":
+        "is_lse_base_on_e):\n    out = None\n",
+    "query_start_loc=None, out=None):\n    n = cp_group.world_size":
+        "query_start_loc=None):\n    out = None\n    n = cp_group.world_size",
+    "def dcp_a2a_v_up_proj_lse_reduce(": "def _not_in_this_release(",
+    "_V_UP_PROJ_FIRST_MIN_TOKENS = 8": "_NOT_IN_THIS_RELEASE = 8",
+}
+
+# SGLang 0.5.17: its merge and exchange, no pack kernel (a ``replace`` for the SGLang stand-in)
+SGLANG_EARLIER = {
+    "def _dcp_pack_a2a_send_kernel(": "def _not_in_this_release(",
+    "def dcp_pack_a2a_send(": "def _nor_this(",
+    "    dcp_pack_a2a_send,\n)": ")",
+    # its dcp_a2a_lse_reduce packs the buffer with torch copies
+    ("    dcp_pack_a2a_send(cp_attn_out, cp_attn_lse, send[..., :d],\n"
+     "                      send.view(torch.float32)[..., d // lpd])"):
+        ("    send[..., :d].copy_(cp_attn_out.view(b, n, h // n, d).transpose(0, 1))\n"
+         "    send.view(torch.float32)[..., d // lpd].copy_(\n"
+         "        cp_attn_lse.view(b, n, h // n).transpose(0, 1))"),
+}
+
 ENGINES = {
     "vllm": ("vllm", "0.34.0", {"vllm/v1/attention/ops/dcp.py": VLLM_DCP}),
     "sglang": ("sglang", "0.5.23", {

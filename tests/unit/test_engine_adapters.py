@@ -135,6 +135,28 @@ def test_sglang_forms(form, tmp_path, installed):
     assert impl.merge(outs, lses).shape == (3, 4, 8)
 
 
+@pytest.mark.parametrize("form", ["installed", "wheel"])
+def test_sglang_earlier_release_without_its_pack(form, tmp_path, installed):
+    """SGLang 0.5.17 (a merge and an exchange, no pack kernel): the adapter loads it and
+    judges the merge and the exchange; the wire format is not applicable."""
+    if form == "installed":
+        installed("sglang", replace=standins.SGLANG_EARLIER)
+        impl = load_impl("sglang")
+    else:
+        impl = load_impl(f"sglang={standins.wheel(tmp_path, 'sglang', standins.SGLANG_EARLIER)}")
+    assert impl.surfaces == {"merge", "exchange"}
+    assert impl.engine.endswith("this release has no dcp_pack_a2a_send")
+    outs, lses = _partials()
+    out = impl.merge(outs, lses)
+    assert torch.equal(out, lse_weighted_combine(outs, lses, False, True).to(out.dtype))
+    with pytest.raises(Unsupported, match="defines no dcp_pack_a2a_send"):
+        impl.pack_send(outs[0], lses[0], torch.empty(2, 3, 2, 10, dtype=outs.dtype), 2, 2, 8, 2)
+    # a required name still refuses the release, in one line
+    lacking = standins.wheel(tmp_path, "sglang", {"def dcp_lse_combine_triton(": "def _gone("})
+    with pytest.raises(ValueError, match=r"dcp_kernels\.py defines no dcp_lse_combine_triton$"):
+        load_impl(f"sglang={lacking}")
+
+
 @pytest.mark.parametrize("form", ["installed", "wheel", "file"])
 @pytest.mark.parametrize("variant", [None, "merge_state"])
 def test_flashinfer_forms(form, variant, tmp_path, installed, monkeypatch):
@@ -288,10 +310,32 @@ def test_installed_form_says_what_is_missing(tmp_path, installed, monkeypatch):
         with pytest.raises(ValueError, match="vLLM is not installed in this environment "
                                              r"\(install it, or pass its release"):
             load_impl("vllm")
-    installed("vllm", replace={"def dcp_a2a_v_up_proj_lse_reduce(": "def _older("})
-    with pytest.raises(ValueError, match="dcp defines no dcp_a2a_v_up_proj_lse_reduce "
+    installed("vllm", replace={"def dcp_a2a_lse_reduce(": "def _older("})
+    with pytest.raises(ValueError, match="dcp defines no dcp_a2a_lse_reduce "
                                          r"\(the adapter follows vLLM 0\.34\.0\)"):
         load_impl("vllm")
+
+
+@pytest.mark.parametrize("form", ["installed", "wheel"])
+def test_vllm_earlier_release_leaves_out_what_it_lacks(form, tmp_path, installed):
+    """vLLM 0.30.0-0.33.0 (no out=, no up-projection op): the adapter loads it, exposes the
+    surfaces it has, names what it lacks, and says "not applicable" where a test asks for the
+    rest, instead of refusing the release or passing arguments it does not take."""
+    if form == "installed":
+        installed("vllm", replace=standins.VLLM_EARLIER)
+        impl = load_impl("vllm")
+    else:
+        impl = load_impl(f"vllm={standins.wheel(tmp_path, 'vllm', standins.VLLM_EARLIER)}")
+    assert impl.surfaces == {"merge", "wire", "exchange", "masking"}
+    assert impl.engine.endswith("this release has no out=, no dcp_a2a_v_up_proj_lse_reduce")
+    _packed_roundtrip(impl)
+    outs, lses = _partials(2, 3, 4, 8)
+    out, lse = outs[0], lses[0]
+    with pytest.raises(Unsupported, match="take no out="):
+        impl.lse_reduce(out, lse, _One(), into=torch.empty_like(out))
+    with pytest.raises(Unsupported, match="defines no dcp_a2a_v_up_proj_lse_reduce"):
+        impl.lse_reduce(out, lse, _One(), w_uv=torch.randn(4, 8, 6).to(out.dtype))
+    assert impl.lse_reduce(out, lse, _One()) is out  # the release's own group-of-one shortcut
 
 
 # --------------------------------------------------------------------------- the loader

@@ -45,7 +45,8 @@ def installed_root(package: str, pretty: str, get: str) -> Path:
 
 
 def import_names(module: str, names, pretty: str, follows: str):
-    """The installed ``module``, with every one of ``names``; ImportError naming what lacks."""
+    """The installed ``module``, with every one of ``names``; ImportError naming what lacks
+    (the adapter reads any other name it can use with ``getattr``)."""
     try:
         mod = importlib.import_module(module)
     except ImportError as e:

@@ -56,6 +56,9 @@ not run. The one engine utility its functions use, ``use_symmetric_memory(group)
 exactly that (``nullcontext``) unless the server enabled NCCL symmetric memory, and even then
 it only picks the pool the tensors are allocated from, never their values.
 ``fi_a2a`` has no release form (its workspace init needs SGLang's runtime and FlashInfer).
+Releases before 0.5.18 (0.5.17 read) have ``dcp_lse_combine_triton`` and
+``dcp_a2a_lse_reduce`` but no ``dcp_pack_a2a_send``: the a2a variant then exposes the merge and
+the exchange, and its wire clauses are not applicable.
 
 Envelope: SGLang's merge kernel takes power-of-two head dims only (``tl.arange(0,
 HEAD_DIM)``); its pack refuses non-float32 LSEs (ValueError) and, for 16-bit outputs, an odd
@@ -85,16 +88,17 @@ FOLLOWS = "SGLang 0.5.23"
 GET = "pip download --no-deps sglang==0.5.23 -d DIR"
 VARIANTS = ENGINE_VARIANTS["sglang"]
 
-_PACK = ("_lse_pack_dim", "_dcp_pack_a2a_send_kernel", "dcp_pack_a2a_send",
-         "_dcp_lse_combine_kernel", "dcp_lse_combine_triton")
+_MERGE = ("_lse_pack_dim", "_dcp_lse_combine_kernel", "dcp_lse_combine_triton")
+_PACK = ("_dcp_pack_a2a_send_kernel", "dcp_pack_a2a_send")  # from 0.5.18 on
 _CORRECT = ("_correct_attn_cp_out_kernel", "CPTritonContext", "correct_attn_out")
-# (names from dcp_kernels.py, names from comm.py) each variant reads
+# (names from dcp_kernels.py, names from comm.py, names from dcp_kernels.py read where the
+# release defines them) each variant reads
 NAMES = {
-    "a2a": (_PACK, ("dcp_a2a_lse_reduce",)),
-    "ag_rs_mha": ((), ("_ag_lse", "cp_lse_ag_out_rs_mha")),
-    "ag_rs_mla": (_CORRECT, ("_ag_lse", "cp_lse_ag_out_rs_mla")),
-    "fi_a2a": (_PACK, ("init_fi_a2a_workspace", "dcp_a2a_lse_reduce",
-                       "_dcp_fi_a2a_lse_reduce")),
+    "a2a": (_MERGE, ("dcp_a2a_lse_reduce",), _PACK),
+    "ag_rs_mha": ((), ("_ag_lse", "cp_lse_ag_out_rs_mha"), ()),
+    "ag_rs_mla": (_CORRECT, ("_ag_lse", "cp_lse_ag_out_rs_mla"), ()),
+    "fi_a2a": (_MERGE + _PACK, ("init_fi_a2a_workspace", "dcp_a2a_lse_reduce",
+                                "_dcp_fi_a2a_lse_reduce"), ()),
 }
 # comm.py's annotations name SGLang's GroupCoordinator: lazy annotations never look it up
 PRELUDE = """from __future__ import annotations
@@ -140,7 +144,7 @@ class _Ops:
 def _installed(variant):
     root = installed_root("sglang", "SGLang", GET)
     version = installed_version("sglang")
-    knames, cnames = NAMES[variant]
+    knames, cnames, _ = NAMES[variant]
     kernels = import_names(KERNELS, knames, f"SGLang {version}", FOLLOWS)
     comm = import_names(COMM, cnames, f"SGLang {version}", FOLLOWS)
     ops = _Ops(kernels, comm)
@@ -150,8 +154,8 @@ def _installed(variant):
 
 def _from_release(variant, source):
     release = _release.Release(source)
-    knames, cnames = NAMES[variant]
-    parts = [_release.Part(KERNELS_MEMBER, knames)] if knames else []
+    knames, cnames, optional = NAMES[variant]
+    parts = [_release.Part(KERNELS_MEMBER, knames, optional)] if knames else []
     parts.append(_release.Part(COMM_MEMBER, cnames))
     module = _release.load(release, parts, prelude=PRELUDE, tag=f"sglang_{variant}")
     ops = _Ops(module)
@@ -176,10 +180,17 @@ def _no_masks(fn: str, seq_lens, query_start_loc):
 
 
 class A2A(_Engine):
-    """SGLang's packed all-to-all (variant ``a2a``)."""
+    """SGLang's packed all-to-all (variant ``a2a``). Releases before 0.5.18 have its merge
+    and exchange but no pack kernel (``dcp_pack_a2a_send``): no wire surface there."""
 
     ENVELOPE = PACKED
-    SURFACES = ("merge", "wire", "exchange")
+
+    def __init__(self, ops, engine: str):
+        super().__init__(ops, engine)
+        self.pack = all(hasattr(ops, n) for n in _PACK)
+        self.SURFACES = ("merge", "wire", "exchange") if self.pack else ("merge", "exchange")
+        if not self.pack:
+            self.ENGINE = engine + "; this release has no dcp_pack_a2a_send"
 
     def lse_pack_dim(self, dtype):
         return self.OPS._lse_pack_dim(dtype)
@@ -202,6 +213,9 @@ class A2A(_Engine):
     def pack_send(self, out, lse, send, world_size, h_per_rank, head_dim, lse_pack_dim,
                   seq_lens=None, query_start_loc=None):
         _no_masks("dcp_pack_a2a_send", seq_lens, query_start_loc)
+        if not self.pack:
+            raise Unsupported("the packed send buffer: this release defines no "
+                              "dcp_pack_a2a_send")
         if send.dim() == 4 and (world_size, h_per_rank) != (send.shape[0], send.shape[2]):
             raise Unsupported(f"world_size={world_size}, h_per_rank={h_per_rank} with a send "
                               f"buffer of {send.shape[0]} peers x {send.shape[2]} heads: "

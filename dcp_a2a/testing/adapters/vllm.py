@@ -47,6 +47,12 @@ unpacked tree, or ``dcp.py`` itself) reads the functions and kernels named in ``
 from ``vllm/v1/attention/ops/dcp.py`` (:mod:`._release`); the rest of that file, which
 imports vLLM's engine, is not run.
 
+Earlier releases: vLLM 0.30.0-0.33.0 have the same packed all-to-all without ``out=`` and
+without ``dcp_a2a_v_up_proj_lse_reduce``. The adapter reads its surfaces off the release: with
+no ``out=`` the caller-buffer clauses are not applicable, with no up-projection op the
+up-projection clauses; everything else is judged as for 0.34.0. Only what every surface needs
+(``A2A_NAMES``) is required.
+
 Envelope: vLLM's Triton kernels take power-of-two head dims only (``tl.arange(0,
 HEAD_DIM)``: Triton refuses anything else, loudly). ``ag_rs`` also needs a power-of-two
 group size (``N_ROUNDED`` is the group size), ``direct`` fp16/bf16 outputs; the envelope
@@ -71,8 +77,9 @@ VARIANTS = ENGINE_VARIANTS["vllm"]
 A2A_NAMES = ("_validate_dcp_empty_shard_args", "_dcp_a2a_lse_pack_dim",
              "_dcp_a2a_send_recv_buffers", "_dcp_a2a_pack_send_kernel",
              "_dcp_a2a_unpack_combine_kernel", "_dcp_a2a_pack_send", "_dcp_a2a_unpack_combine",
-             "dcp_a2a_lse_reduce", "_V_UP_PROJ_FIRST_MIN_TOKENS",
-             "dcp_a2a_v_up_proj_lse_reduce")
+             "dcp_a2a_lse_reduce")
+# the up-projection (0.34.0 on): read where the release defines it
+UP_PROJECTION_NAMES = ("_V_UP_PROJ_FIRST_MIN_TOKENS", "dcp_a2a_v_up_proj_lse_reduce")
 AG_RS_NAMES = ("cp_lse_ag_out_rs",)
 DIRECT_NAMES = ("DirectDCPA2AWorkspace",)
 # what the definitions of A2A_NAMES use from the file's own imports (annotations are lazy)
@@ -96,6 +103,15 @@ def _installed(names):
     return ops, f"vLLM {version} (installed at {root})"
 
 
+def _params(fn) -> set:
+    import inspect
+
+    try:
+        return set(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        return set()
+
+
 def _load_compiled_ops():
     """vLLM's compiled library, which registers ``torch.ops._C`` (vLLM's CUDA platform loads it
     at start-up; the direct op is one of its ops)."""
@@ -114,8 +130,8 @@ def _load_compiled_ops():
 
 def _from_release(source):
     release = _release.Release(source)
-    ops = _release.load(release, [_release.Part(MEMBER, A2A_NAMES)], prelude=PRELUDE,
-                        tag="vllm_dcp")
+    ops = _release.load(release, [_release.Part(MEMBER, A2A_NAMES, UP_PROJECTION_NAMES)],
+                        prelude=PRELUDE, tag="vllm_dcp")
     version = release.version()
     return ops, f"vLLM {version or '(version unknown)'} ({release.describe()})"
 
@@ -127,7 +143,35 @@ class A2A:
 
     def __init__(self, ops, engine: str):
         self.OPS = ops
-        self.ENGINE = engine
+        # what this release has (earlier ones lack out= and the up-projection op)
+        self.masks = {"seq_lens", "query_start_loc"} <= (
+            _params(ops._dcp_a2a_pack_send) & _params(ops.dcp_a2a_lse_reduce))
+        self.out = "out" in _params(ops._dcp_a2a_unpack_combine) & _params(ops.dcp_a2a_lse_reduce)
+        self.up_projection = all(hasattr(ops, n) for n in UP_PROJECTION_NAMES)
+        self.SURFACES = frozenset({"merge", "wire", "exchange"}
+                                  | ({"masking"} if self.masks else set())
+                                  | ({"caller buffer"} if self.out else set())
+                                  | ({"up-projection"} if self.up_projection else set()))
+        lacks = [what for what, has in (
+            ("seq_lens/query_start_loc", self.masks), ("out=", self.out),
+            ("dcp_a2a_v_up_proj_lse_reduce", self.up_projection)) if not has]
+        self.ENGINE = engine + (f"; this release has no {', no '.join(lacks)}" if lacks else "")
+
+    def _masks(self, seq_lens, query_start_loc) -> dict:
+        if seq_lens is None and query_start_loc is None:
+            return {}
+        if not self.masks:
+            raise Unsupported("masks: this release's _dcp_a2a_pack_send and dcp_a2a_lse_reduce "
+                              "take no seq_lens/query_start_loc")
+        return {"seq_lens": seq_lens, "query_start_loc": query_start_loc}
+
+    def _into(self, into) -> dict:
+        if into is None:
+            return {}
+        if not self.out:
+            raise Unsupported("a caller's result buffer: this release's _dcp_a2a_unpack_combine "
+                              "and dcp_a2a_lse_reduce take no out=")
+        return {"out": into}
 
     def lse_pack_dim(self, dtype):
         return self.OPS._dcp_a2a_lse_pack_dim(dtype)
@@ -135,29 +179,30 @@ class A2A:
     def pack_send(self, out, lse, send, world_size, h_per_rank, head_dim, lse_pack_dim,
                   seq_lens=None, query_start_loc=None):
         return self.OPS._dcp_a2a_pack_send(out, lse, send, world_size, h_per_rank, head_dim,
-                                           lse_pack_dim, seq_lens=seq_lens,
-                                           query_start_loc=query_start_loc)
+                                           lse_pack_dim, **self._masks(seq_lens, query_start_loc))
 
     def unpack_combine(self, recv, head_dim, lse_pack_dim, return_lse, is_lse_base_on_e, *,
                        into=None):
         return self.OPS._dcp_a2a_unpack_combine(recv, head_dim, lse_pack_dim, return_lse,
-                                                is_lse_base_on_e, out=into)
+                                                is_lse_base_on_e, **self._into(into))
 
     def lse_reduce(self, out, lse, group, *, return_lse=False, is_lse_base_on_e=True,
                    seq_lens=None, query_start_loc=None, into=None, w_uv=None):
         coord = VllmCoordinator(group)
+        masks = self._masks(seq_lens, query_start_loc)
         if w_uv is None:
             return self.OPS.dcp_a2a_lse_reduce(out, lse, coord, ctx=None, return_lse=return_lse,
-                                               is_lse_base_on_e=is_lse_base_on_e,
-                                               seq_lens=seq_lens,
-                                               query_start_loc=query_start_loc, out=into)
+                                               is_lse_base_on_e=is_lse_base_on_e, **masks,
+                                               **self._into(into))
+        if not self.up_projection:
+            raise Unsupported("the up-projection: this release defines no "
+                              "dcp_a2a_v_up_proj_lse_reduce")
         if return_lse:
             raise Unsupported("an LSE from the up-projection: vLLM's "
                               "dcp_a2a_v_up_proj_lse_reduce returns none")
         result, buf = _up_projection_buffer(out, w_uv, group.world_size, into)
         self.OPS.dcp_a2a_v_up_proj_lse_reduce(out, lse, w_uv, buf, coord,
-                                              is_lse_base_on_e=is_lse_base_on_e,
-                                              seq_lens=seq_lens, query_start_loc=query_start_loc)
+                                              is_lse_base_on_e=is_lse_base_on_e, **masks)
         return result
 
 
