@@ -190,3 +190,24 @@ def test_the_decode_probe_takes_a_grids_points_whose_launch_changed(tmp_path, mo
                        "--changed-from", "one_warp"]) == 0
     report = json.loads(out.read_text())
     assert [set(r["times_us"]) for r in report["graph"]] == [{"ours", "engine", "sf", "was"}]
+
+
+def test_count_specialisations_counts_the_grid(tmp_path, capsys):
+    """The count of the launch-invariance grid's specialisations, on one small case: every
+    kernel the backends launch is counted, the LSE base splits the combines and not the
+    packs, and a nonsense group size is refused."""
+    script = _script("count_specialisations")
+    out = tmp_path / "counts.json"
+    assert script.main([str(out), "--shapes", "2x8x24", "--groups", "2"]) == 0
+    data = json.loads(out.read_text())
+    kernels = set(data["per_kernel"])
+    assert {"_pack_kernel", "combine_rows", "_pack_to_peers_kernel",
+            "_combine_from_peers_kernel", "_scale_kernel"} <= kernels
+    assert data["total"] == sum(data["per_kernel"].values())
+    by_base = data["added_by"]["base"]
+    assert by_base.get("combine_rows 2", 0) > 0 and by_base.get("combine_rows e", 0) > 0
+    assert "_pack_kernel 2" not in by_base  # the pack takes no base: base 2 adds none
+    assert "| all |" in capsys.readouterr().out
+    for bad in (["--groups", "0"], ["--groups", "two"], ["--shapes", "2x8"]):
+        with pytest.raises(SystemExit):
+            script.main(bad)
