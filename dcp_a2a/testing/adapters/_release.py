@@ -154,6 +154,35 @@ def definitions(text: str, names, where: str, optional=()) -> dict[str, str]:
     return found
 
 
+def unresolved(module, names) -> dict[str, list[str]]:
+    """{name: the global names its code reads that ``module`` does not define} of the functions
+    (and Triton kernels) ``names`` of a loaded module: what a release's function would fail on
+    (a NameError) when called, because it uses a definition that was not read. Only functions
+    whose every path the caller takes should be asked about."""
+    import builtins
+    import dis
+    import types
+
+    def reads(code, found):
+        for ins in dis.get_instructions(code):
+            if ins.opname in ("LOAD_GLOBAL", "LOAD_NAME"):
+                found.add(ins.argval)
+        for const in code.co_consts:
+            if isinstance(const, types.CodeType):
+                reads(const, found)
+        return found
+
+    missing = {}
+    for name in names:
+        fn = getattr(getattr(module, name, None), "fn", getattr(module, name, None))
+        if isinstance(fn, types.FunctionType):
+            lacks = sorted(g for g in reads(fn.__code__, set())
+                           if g not in fn.__globals__ and not hasattr(builtins, g))
+            if lacks:
+                missing[name] = lacks
+    return missing
+
+
 def cache_dir() -> Path:
     """Where written modules live: ``$DCP_A2A_RELEASE_CACHE``, else a per-user directory in the
     system's temporary directory."""

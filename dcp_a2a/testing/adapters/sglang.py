@@ -129,6 +129,9 @@ _SAID = {
 PACKED = Envelope(head_dims="power of two", min_head_dim=2, lse_dtypes=("float32",),
                   said=_SAID)
 POW2 = Envelope(head_dims="power of two", said={"head_dims": _SAID["head_dims"].split(";")[0]})
+# the merge and the wire row of a release without the pack: no pack, so no LSE-dtype limit
+UNPACKED = Envelope(head_dims="power of two", min_head_dim=2, said={
+    "head_dims": _SAID["head_dims"].split(";")[0], "min_head_dim": _SAID["min_head_dim"]})
 
 
 class _Ops:
@@ -180,17 +183,10 @@ def _no_masks(fn: str, seq_lens, query_start_loc):
 
 
 class A2A(_Engine):
-    """SGLang's packed all-to-all (variant ``a2a``). Releases before 0.5.18 have its merge
-    and exchange but no pack kernel (``dcp_pack_a2a_send``): no wire surface there."""
+    """SGLang's packed all-to-all (variant ``a2a``)."""
 
     ENVELOPE = PACKED
-
-    def __init__(self, ops, engine: str):
-        super().__init__(ops, engine)
-        self.pack = all(hasattr(ops, n) for n in _PACK)
-        self.SURFACES = ("merge", "wire", "exchange") if self.pack else ("merge", "exchange")
-        if not self.pack:
-            self.ENGINE = engine + "; this release has no dcp_pack_a2a_send"
+    SURFACES = ("merge", "wire", "exchange")
 
     def lse_pack_dim(self, dtype):
         return self.OPS._lse_pack_dim(dtype)
@@ -213,9 +209,6 @@ class A2A(_Engine):
     def pack_send(self, out, lse, send, world_size, h_per_rank, head_dim, lse_pack_dim,
                   seq_lens=None, query_start_loc=None):
         _no_masks("dcp_pack_a2a_send", seq_lens, query_start_loc)
-        if not self.pack:
-            raise Unsupported("the packed send buffer: this release defines no "
-                              "dcp_pack_a2a_send")
         if send.dim() == 4 and (world_size, h_per_rank) != (send.shape[0], send.shape[2]):
             raise Unsupported(f"world_size={world_size}, h_per_rank={h_per_rank} with a send "
                               f"buffer of {send.shape[0]} peers x {send.shape[2]} heads: "
@@ -245,6 +238,31 @@ class A2A(_Engine):
         return self.OPS.dcp_a2a_lse_reduce(out, lse, SglangCoordinator(group),
                                            is_lse_base_on_e=is_lse_base_on_e,
                                            comm_backend="a2a")
+
+
+class A2AWithoutPack(A2A):
+    """Variant ``a2a`` of a release before 0.5.18: SGLang's merge and its exchange (which
+    packs the wire with torch copies), no pack kernel. The merge is judged through
+    ``dcp_lse_combine_triton`` itself, inside its kernel's envelope and the wire row's (a
+    16-bit row needs D >= 2 for its LSE word); the pack's float32-LSE limit is not this
+    release's."""
+
+    ENVELOPE = UNPACKED
+    SURFACES = ("merge", "exchange")
+    pack_send = None  # not a function of this release's contract
+
+    def __init__(self, ops, engine: str):
+        super().__init__(ops, engine + "; this release has no dcp_pack_a2a_send")
+
+    def unpack_combine(self, recv, head_dim, lse_pack_dim, return_lse, is_lse_base_on_e):
+        # its dcp_a2a_lse_reduce copies the received LSE words into a contiguous float32
+        # buffer before the merge (its kernel writes the merged LSE at the input LSE's
+        # strides), and hands the output lanes over as a view: called the same way here
+        self._row(recv, head_dim, lse_pack_dim)
+        lse = recv.view(torch.float32)[..., head_dim // lse_pack_dim].contiguous()
+        out, merged = self.OPS.dcp_lse_combine_triton(
+            recv[..., :head_dim], lse, is_lse_base_on_e=is_lse_base_on_e, return_lse=return_lse)
+        return (out, merged) if return_lse else out
 
 
 class AgRsMha(_Engine):
@@ -325,5 +343,7 @@ def adapter(variant=None, source=None):
                        "FlashInfer")
         require_gpus("sglang:fi_a2a", GPUS_NEEDED[("sglang", "fi_a2a")],
                      "FlashInfer's MNNVL all-to-all, Blackwell GPUs in one NVLink domain")
-    ops_engine = _from_release(variant, source) if source is not None else _installed(variant)
-    return _CLASSES[variant](*ops_engine)
+    ops, engine = _from_release(variant, source) if source is not None else _installed(variant)
+    if variant == "a2a" and not all(hasattr(ops, n) for n in _PACK):
+        return A2AWithoutPack(ops, engine)
+    return _CLASSES[variant](ops, engine)

@@ -48,10 +48,12 @@ from ``vllm/v1/attention/ops/dcp.py`` (:mod:`._release`); the rest of that file,
 imports vLLM's engine, is not run.
 
 Earlier releases: vLLM 0.30.0-0.33.0 have the same packed all-to-all without ``out=`` and
-without ``dcp_a2a_v_up_proj_lse_reduce``. The adapter reads its surfaces off the release: with
-no ``out=`` the caller-buffer clauses are not applicable, with no up-projection op the
-up-projection clauses; everything else is judged as for 0.34.0. Only what every surface needs
-(``A2A_NAMES``) is required.
+without ``dcp_a2a_v_up_proj_lse_reduce``; 0.29.0 also masks empty shards with torch before its
+pack (``mask_dcp_empty_shards_``) where later releases mask in the kernel. The adapter reads its
+surfaces off the release: with no ``out=`` the caller-buffer clauses are not applicable, with
+no up-projection op the up-projection clauses; everything else is judged as for 0.34.0. Only
+what every surface needs (``A2A_NAMES``) is required, and a function that uses a definition its
+release lacks refuses the release in one line, naming it.
 
 Envelope: vLLM's Triton kernels take power-of-two head dims only (``tl.arange(0,
 HEAD_DIM)``: Triton refuses anything else, loudly). ``ag_rs`` also needs a power-of-two
@@ -73,11 +75,15 @@ FOLLOWS = "vLLM 0.34.0"
 GET = "pip download --no-deps vllm==0.34.0 -d DIR"
 VARIANTS = ENGINE_VARIANTS["vllm"]
 
-# what the a2a variant reads from dcp.py, in the order the generated module defines them
-A2A_NAMES = ("_validate_dcp_empty_shard_args", "_dcp_a2a_lse_pack_dim",
-             "_dcp_a2a_send_recv_buffers", "_dcp_a2a_pack_send_kernel",
-             "_dcp_a2a_unpack_combine_kernel", "_dcp_a2a_pack_send", "_dcp_a2a_unpack_combine",
-             "dcp_a2a_lse_reduce")
+# what the a2a variant reads from dcp.py (the generated module defines them in this order,
+# then those of MASK_NAMES and UP_PROJECTION_NAMES the release defines)
+A2A_NAMES = ("_dcp_a2a_lse_pack_dim", "_dcp_a2a_send_recv_buffers",
+             "_dcp_a2a_pack_send_kernel", "_dcp_a2a_unpack_combine_kernel",
+             "_dcp_a2a_pack_send", "_dcp_a2a_unpack_combine", "dcp_a2a_lse_reduce")
+# the masks' helpers: 0.30.0 on check the index tensors and mask in the kernel; 0.29.0 masks
+# the LSE with torch first (read where the release defines them; a release whose functions
+# use one it lacks is refused, naming it)
+MASK_NAMES = ("_validate_dcp_empty_shard_args", "mask_dcp_empty_shards_")
 # the up-projection (0.34.0 on): read where the release defines it
 UP_PROJECTION_NAMES = ("_V_UP_PROJ_FIRST_MIN_TOKENS", "dcp_a2a_v_up_proj_lse_reduce")
 AG_RS_NAMES = ("cp_lse_ag_out_rs",)
@@ -130,8 +136,14 @@ def _load_compiled_ops():
 
 def _from_release(source):
     release = _release.Release(source)
-    ops = _release.load(release, [_release.Part(MEMBER, A2A_NAMES, UP_PROJECTION_NAMES)],
+    ops = _release.load(release, [_release.Part(MEMBER, A2A_NAMES,
+                                                MASK_NAMES + UP_PROJECTION_NAMES)],
                         prelude=PRELUDE, tag="vllm_dcp")
+    missing = _release.unresolved(ops, A2A_NAMES + UP_PROJECTION_NAMES)
+    if missing:
+        uses = "; ".join(f"{name} uses {', '.join(names)}" for name, names in missing.items())
+        raise ValueError(f"{release.describe()}: {uses}, which its {MEMBER} does not define "
+                         f"(the adapter follows {FOLLOWS})")
     version = release.version()
     return ops, f"vLLM {version or '(version unknown)'} ({release.describe()})"
 
