@@ -168,6 +168,12 @@ def test_sglang_earlier_release_without_its_pack(form, tmp_path, installed):
     out = impl.merge(outs, lses)
     assert torch.equal(out, lse_weighted_combine(outs, lses, False, True).to(out.dtype))
     assert not impl.has("pack_send")  # merges go through its merge, not a pack it lacks
+    p = impl.lse_pack_dim(outs.dtype)
+    recv = torch.empty(2, 3, 2, 8 + p, dtype=outs.dtype)
+    contract.pack_send(outs[0], lses[0], recv, 2, 2, 8, p)
+    got, got_lse = impl.unpack_combine(recv, 8, p, True, True)
+    want, want_lse = contract.unpack_combine(recv, 8, p, True, True)
+    assert torch.equal(got.float(), want.float()) and torch.equal(got_lse, want_lse)
     assert impl.envelope.lse_dtypes == ("float32", "bfloat16", "float16")  # the pack's limit
     # a required name still refuses the release, in one line
     lacking = standins.wheel(tmp_path, "sglang", {"def dcp_lse_combine_triton(": "def _gone("})
