@@ -42,9 +42,13 @@ def rank(severity: str, why: str, clause: str | None = None) -> tuple:
     return ORDER[severity], from_bad_input, sub
 IMPL_RAISED = "_dcp_a2a_raised_by_implementation"
 
-# a CUDA error that poisons the context: memory unsafety in the code that ran before it
+# a CUDA error that poisons the context: memory unsafety in the code that ran before it (a
+# device-side assert is an index out of bounds that a kernel caught: the context is lost too)
 _MEMORY_UNSAFE = ("illegal memory access", "misaligned address", "unspecified launch failure",
-                  "illegal instruction", "out of bounds")
+                  "illegal instruction", "out of bounds", "device-side assert")
+# ...but not torch's own bounds check on the host (an IndexError "index 3 is out of bounds for
+# dimension 0 with size 0"): the index was checked before any memory was read, a loud refusal
+_BOUNDS_CHECKED = "out of bounds for dimension"
 
 
 class Defect(AssertionError):
@@ -69,7 +73,7 @@ class Precision(AssertionError):
 
 
 def memory_unsafe(text: str) -> bool:
-    low = text.lower()
+    low = text.lower().replace(_BOUNDS_CHECKED, "")
     return any(s in low for s in _MEMORY_UNSAFE) or "segmentation fault" in low \
         or "signal 11" in low or "sigsegv" in low
 

@@ -29,8 +29,14 @@ def _tagged(e):
     (RuntimeError("CUDA error: an illegal memory access was encountered"),
      ("defect", "memory unsafety")),
     (KeyError("x"), ("defect", "unexpected KeyError")),
+    (RuntimeError("CUDA error: device-side assert triggered"), ("defect", "memory unsafety")),
+    # torch's host-side bounds check raised before any memory was read: a loud refusal
+    (_tagged(IndexError("index is out of bounds for dimension with size 0")),
+     ("limitation", "valid input refused (IndexError)")),
+    (RuntimeError("Invalid __global__ read of size 4: address is out of bounds"),
+     ("defect", "memory unsafety")),
 ], ids=["assert", "defect", "convention", "precision", "refusal", "engine_assert", "illegal",
-        "harness"])
+        "harness", "device_assert", "bounds_checked", "sanitizer"])
 def test_severity_of_an_exception(exc, want):
     assert severity_of(exc) == want
 
