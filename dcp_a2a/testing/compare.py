@@ -73,8 +73,20 @@ class MergeReport:
         d["worst_ratio"] = self.worst_ratio
         return d
 
+    def _what_failed(self) -> str:
+        """Which quantity is over its bound, for the first line: failures are grouped by it,
+        so a merged LSE written wrong (its outputs right) reads as one cause, not as many."""
+        if self.ok:
+            return ""
+        lse_bad = self.lse is not None and not self.lse.ok
+        if self.output.ok:
+            return ": the LSE over its bound, the output within"
+        return ": the output and the LSE over their bounds" if lse_bad else \
+            ": the output over its bound"
+
     def describe(self) -> str:
-        lines = [f"merge check ({self.kind}, {self.dtype}, N={self.world_size}, base {self.base})"]
+        lines = [f"merge check ({self.kind}, {self.dtype}, N={self.world_size}, base {self.base})"
+                 + self._what_failed()]
         for q in (self.output, self.lse):
             if q is None:
                 continue
