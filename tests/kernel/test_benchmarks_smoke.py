@@ -192,11 +192,11 @@ def test_the_decode_probe_takes_a_grids_points_whose_launch_changed(tmp_path, mo
     assert [set(r["times_us"]) for r in report["graph"]] == [{"ours", "engine", "sf", "was"}]
 
 
-def test_count_specialisations_counts_the_grid(tmp_path, capsys):
+def test_launch_invariance_compiles_counts_the_grid(tmp_path, capsys):
     """The count of the launch-invariance grid's specialisations, on one small case: every
     kernel the backends launch is counted, the LSE base splits the combines and not the
     packs, and a nonsense group size is refused."""
-    script = _script("count_specialisations")
+    script = _script("benchmark_launch_invariance_compiles")
     out = tmp_path / "counts.json"
     assert script.main([str(out), "--shapes", "2x8x24", "--groups", "2"]) == 0
     data = json.loads(out.read_text())
@@ -208,6 +208,7 @@ def test_count_specialisations_counts_the_grid(tmp_path, capsys):
     assert by_base.get("combine_rows 2", 0) > 0 and by_base.get("combine_rows e", 0) > 0
     assert "_pack_kernel 2" not in by_base  # the pack takes no base: base 2 adds none
     assert "| all |" in capsys.readouterr().out
+    assert data["run"]["command"].startswith("python benchmarks/benchmark_launch_invariance")
     for bad in (["--groups", "0"], ["--groups", "two"], ["--shapes", "2x8"]):
         with pytest.raises(SystemExit):
             script.main(bad)

@@ -10,7 +10,7 @@ launch recorded and not run. Distinct launches are counted by the key Triton com
 - each integer's class (1, a multiple of 16, other; 64-bit or not), unless the kernel leaves
   it unspecialised.
 
-    python benchmarks/count_specialisations.py [OUT.json] [--shapes 1x128x512,...] [--groups 2,4,8]
+    python benchmarks/benchmark_launch_invariance_compiles.py [OUT.json] [--shapes ...] [--groups 2,4,8]
 
 The default shapes are the grid's less its 8192-row one, whose partials would take gigabytes
 here; its specialisations differ from the 128-row shape's only where its heads per rank do.
@@ -24,18 +24,20 @@ import collections
 import importlib.util
 import inspect
 import itertools
-import json
 import os
 import sys
 from pathlib import Path
 
 os.environ.setdefault("TRITON_INTERPRET", "1")  # before dcp_a2a's kernels are made
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # _run, beside it
 
 import torch  # noqa: E402
 from triton.runtime.interpreter import InterpretedFunction  # noqa: E402
 
 from dcp_a2a.kernels import tuning  # noqa: E402
 from dcp_a2a.testing.accuracy_cases import GPU_SHAPES, parse_shapes, rank_partial  # noqa: E402
+
+import _run  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_SHAPES = ",".join(s for s in GPU_SHAPES.split(",") if not s.startswith("8192x"))
@@ -144,18 +146,16 @@ def _shapes(text: str):
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("out", nargs="?", type=Path, help="write the counts as JSON here")
+    p = _run.parser(__doc__, "benchmark_launch_invariance_compiles.py")
+    _run.add_out(p, required=False)
     p.add_argument("--shapes", type=_shapes, default=parse_shapes(DEFAULT_SHAPES),
                    help=f"BxHxD[:dtype],... (default {DEFAULT_SHAPES})")
     p.add_argument("--groups", type=_groups, default=[2, 4, 8], help="group sizes (2,4,8)")
     args = p.parse_args(argv)
-    data, md = table(count(args.shapes, args.groups))
-    print(md)
-    if args.out is not None:
-        data["command"] = " ".join(["python", "benchmarks/count_specialisations.py",
-                                    *(argv if argv is not None else sys.argv[1:])])
-        args.out.write_text(json.dumps(data, indent=1) + "\n")
+    with _run.recorded(args.out, "launch_invariance_compiles") as save:
+        data, md = table(count(args.shapes, args.groups))
+        print(md)
+        save(data)
     return 0
 
 
