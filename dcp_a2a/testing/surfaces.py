@@ -83,7 +83,8 @@ class Unsupported(Exception):
         self.what = what
 
 
-def _params(fn) -> set[str]:
+def parameters(fn) -> set[str]:
+    """The names of ``fn``'s parameters (none where it has no signature to read)."""
     try:
         return set(inspect.signature(fn).parameters)
     except (TypeError, ValueError):  # a builtin without a signature: say nothing extra
@@ -114,11 +115,11 @@ def exposed(obj) -> frozenset[str]:
     if "lse_reduce" in has:
         found.add("exchange")
     masked = [n for n in ("pack_send", "lse_reduce") if n in has]
-    if any("seq_lens" in _params(fn[n]) for n in masked):
+    if any("seq_lens" in parameters(fn[n]) for n in masked):
         found.add("masking")
-    if any("into" in _params(fn[n]) for n in ("unpack_combine", "lse_reduce") if n in has):
+    if any("into" in parameters(fn[n]) for n in ("unpack_combine", "lse_reduce") if n in has):
         found.add("caller buffer")
-    if "lse_reduce" in has and "w_uv" in _params(fn["lse_reduce"]):
+    if "lse_reduce" in has and "w_uv" in parameters(fn["lse_reduce"]):
         found.add("up-projection")
     return frozenset(found)
 

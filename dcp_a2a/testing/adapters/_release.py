@@ -174,7 +174,8 @@ def unresolved(module, names) -> dict[str, list[str]]:
 
     missing = {}
     for name in names:
-        fn = getattr(getattr(module, name, None), "fn", getattr(module, name, None))
+        obj = getattr(module, name, None)
+        fn = getattr(obj, "fn", obj)  # a Triton kernel's Python function, or the function
         if isinstance(fn, types.FunctionType):
             lacks = sorted(g for g in reads(fn.__code__, set())
                            if g not in fn.__globals__ and not hasattr(builtins, g))

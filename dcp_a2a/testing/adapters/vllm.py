@@ -63,7 +63,7 @@ cannot say either yet, so those refusals show as limitations.
 
 from __future__ import annotations
 
-from ..surfaces import Envelope, Unsupported
+from ..surfaces import Envelope, Unsupported, parameters
 from . import ENGINE_VARIANTS, GPUS_NEEDED, _release
 from ._common import import_names, installed_root, installed_version, pick_variant, \
     refuse_release, require_gpus
@@ -109,15 +109,6 @@ def _installed(names):
     return ops, f"vLLM {version} (installed at {root})"
 
 
-def _params(fn) -> set:
-    import inspect
-
-    try:
-        return set(inspect.signature(fn).parameters)
-    except (TypeError, ValueError):
-        return set()
-
-
 def _load_compiled_ops():
     """vLLM's compiled library, which registers ``torch.ops._C`` (vLLM's CUDA platform loads it
     at start-up; the direct op is one of its ops)."""
@@ -157,8 +148,9 @@ class A2A:
         self.OPS = ops
         # what this release has (earlier ones lack out= and the up-projection op)
         self.masks = {"seq_lens", "query_start_loc"} <= (
-            _params(ops._dcp_a2a_pack_send) & _params(ops.dcp_a2a_lse_reduce))
-        self.out = "out" in _params(ops._dcp_a2a_unpack_combine) & _params(ops.dcp_a2a_lse_reduce)
+            parameters(ops._dcp_a2a_pack_send) & parameters(ops.dcp_a2a_lse_reduce))
+        self.out = "out" in (parameters(ops._dcp_a2a_unpack_combine)
+                             & parameters(ops.dcp_a2a_lse_reduce))
         self.up_projection = all(hasattr(ops, n) for n in UP_PROJECTION_NAMES)
         self.SURFACES = frozenset({"merge", "wire", "exchange"}
                                   | ({"masking"} if self.masks else set())
