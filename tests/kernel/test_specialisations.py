@@ -9,8 +9,10 @@ compile of its own: the launch-invariance grid's launches (its 8192-row shape as
 for 3378 specialisations, 847 of them such repeats (this placeholder, and the rank of the
 symmetric-memory pack and the AG+RS scale kernel, now left unspecialised).
 
-Every launch goes through Triton's own dispatch here (``DCP_A2A_TRITON_DISPATCH=1``: the
-direct launcher of ``dcp_a2a.kernels.launch`` would bypass the recording).
+Every launch goes through Triton's own dispatch here: ``DCP_A2A_TRITON_DISPATCH=1`` for the
+kernels' launchers made from now on, and the ones earlier tests of the process made (and the
+Sites the ops keep from them) set to go through it too; the direct launcher of
+``dcp_a2a.kernels.launch`` would bypass the recording.
 """
 
 from __future__ import annotations
@@ -38,9 +40,11 @@ def _describe(value):
 def _launch_signatures(monkeypatch, device, dtype, seq_lens=None, query_start_loc=None):
     """{kernel name: set of argument-type tuples} of one in-process lse_reduce per backend that
     packs (packed, two_collective, symm_mem) of a problem in ``dtype``."""
-    from dcp_a2a.kernels import pack
+    from dcp_a2a.kernels import launch, pack
 
     monkeypatch.setenv(DISPATCH_ENV, "1")
+    for launches in list(launch._ALL.values()):
+        monkeypatch.setattr(launches, "usable", False)
     seen: dict[str, set] = {}
     kernel_type = type(pack._pack_kernel)
     original = kernel_type.run
