@@ -8,7 +8,8 @@ launch recorded and not run. Distinct launches are counted by the key Triton com
 - the constexprs and the launch options;
 - each tensor argument's element type and 16-byte alignment;
 - each integer's class (1, a multiple of 16, other; 64-bit or not), unless the kernel leaves
-  it unspecialised.
+  it unspecialised; a bool's or a float's type alone (Triton compiles one kernel for either
+  value of a bool).
 
     python benchmarks/benchmark_launch_invariance_compiles.py [OUT.json] [--shapes ...] [--groups 2,4,8]
 
@@ -68,10 +69,10 @@ def specialisation(kernel, args, kwargs):
             key.append((name, "unspecialised"))
         elif isinstance(value, torch.Tensor):
             key.append((name, str(value.dtype), value.data_ptr() % 16 == 0))
-        elif isinstance(value, bool) or not isinstance(value, int):
-            key.append((name, type(value).__name__ if not isinstance(value, bool) else value))
-        else:
+        elif isinstance(value, int) and not isinstance(value, bool):
             key.append((name, _int_class(value)))
+        else:  # a bool ("u1") or a float: its type, never its value
+            key.append((name, type(value).__name__))
     key += [(name, repr(value)) for name, value in sorted(kwargs.items())]
     return kernel.fn.__name__, tuple(key)
 
