@@ -58,12 +58,15 @@ def _int_class(value: int):
 
 
 def specialisation(kernel, args, kwargs):
-    """(kernel name, key) of one launch, as Triton tells specialisations apart."""
+    """(kernel name, key) of one launch, as Triton tells specialisations apart: each parameter
+    (given by position or by keyword) by its kind, then the launch options."""
     params = inspect.signature(kernel.fn).parameters
     unspecialised = set(kernel.kwargs.get("do_not_specialize") or ())
+    given = dict(zip(params, args))
+    given.update((k, v) for k, v in kwargs.items() if k in params)
     key = []
-    for (name, param), value in zip(params.items(), args):
-        if "constexpr" in str(param.annotation):
+    for name, value in given.items():
+        if "constexpr" in str(params[name].annotation):
             key.append((name, repr(value)))
         elif name in unspecialised:
             key.append((name, "unspecialised"))
@@ -73,8 +76,8 @@ def specialisation(kernel, args, kwargs):
             key.append((name, _int_class(value)))
         else:  # a bool ("u1") or a float: its type, never its value
             key.append((name, type(value).__name__))
-    key += [(name, repr(value)) for name, value in sorted(kwargs.items())]
-    return kernel.fn.__name__, tuple(key)
+    key += [(name, repr(value)) for name, value in sorted(kwargs.items()) if name not in params]
+    return kernel.fn.__name__, tuple(sorted(key))
 
 
 def count(shapes, groups):
