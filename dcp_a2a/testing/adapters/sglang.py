@@ -218,10 +218,14 @@ class A2A(_Engine):
         self.OPS.dcp_pack_a2a_send(out, lse, send[..., :head_dim],
                                    send_words[..., head_dim // lse_pack_dim])
 
+    def _lse_words(self, recv, head_dim, lse_pack_dim):
+        """The received LSEs as this release's reduce hands them to its merge: a view."""
+        return recv.view(torch.float32)[..., head_dim // lse_pack_dim]
+
     def unpack_combine(self, recv, head_dim, lse_pack_dim, return_lse, is_lse_base_on_e):
         self._row(recv, head_dim, lse_pack_dim)
         out, lse = self.OPS.dcp_lse_combine_triton(
-            recv[..., :head_dim], recv.view(torch.float32)[..., head_dim // lse_pack_dim],
+            recv[..., :head_dim], self._lse_words(recv, head_dim, lse_pack_dim),
             is_lse_base_on_e=is_lse_base_on_e, return_lse=return_lse)
         return (out, lse) if return_lse else out
 
@@ -254,15 +258,11 @@ class A2AWithoutPack(A2A):
     def __init__(self, ops, engine: str):
         super().__init__(ops, engine + "; this release has no dcp_pack_a2a_send")
 
-    def unpack_combine(self, recv, head_dim, lse_pack_dim, return_lse, is_lse_base_on_e):
+    def _lse_words(self, recv, head_dim, lse_pack_dim):
         # its dcp_a2a_lse_reduce copies the received LSE words into a contiguous float32
         # buffer before the merge (its kernel writes the merged LSE at the input LSE's
-        # strides), and hands the output lanes over as a view: called the same way here
-        self._row(recv, head_dim, lse_pack_dim)
-        lse = recv.view(torch.float32)[..., head_dim // lse_pack_dim].contiguous()
-        out, merged = self.OPS.dcp_lse_combine_triton(
-            recv[..., :head_dim], lse, is_lse_base_on_e=is_lse_base_on_e, return_lse=return_lse)
-        return (out, merged) if return_lse else out
+        # strides); the output lanes still go as a view
+        return super()._lse_words(recv, head_dim, lse_pack_dim).contiguous()
 
 
 class AgRsMha(_Engine):
